@@ -1,0 +1,42 @@
+# Two commands matter: `make test` and `make demo` (see README.md).
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: test demo lint typecheck pytest bench chaos docs clean install
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[all,dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: $(STAMP)
+	$(BIN)/mypy --strict resilience tests/typing
+
+pytest: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+test: lint typecheck pytest
+
+demo: $(STAMP)
+	$(BIN)/python -m integrations.summarizer demo --quick
+
+bench: $(STAMP)
+	$(BIN)/python -m benchmarks
+
+chaos: $(STAMP)
+	RESILIENCE_CHAOS_LONG=1 $(BIN)/python -m tests.chaos
+
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict
+
+clean:
+	rm -rf $(VENV) site .mypy_cache .ruff_cache .pytest_cache .hypothesis

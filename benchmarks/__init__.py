@@ -1,0 +1,1 @@
+"""Side-by-side benchmarks of resilience and its peers; ``make bench`` runs them all."""

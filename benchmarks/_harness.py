@@ -1,0 +1,158 @@
+"""The measuring harness shared by every benchmark module.
+
+Each ``benchmarks/bench_*.py`` module defines ``run(report: Report, quick: bool)``.
+It measures ours and the peers *in the same process run*, with interleaved rounds
+(case A, case B, ... then again), so that machine noise hits every case alike, and
+adds rows to the report. Per-call time is the median over rounds of (round time /
+calls per round); overhead is that minus the bare call's median from the same run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import statistics
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+__all__ = ["Report", "Row", "Section", "measure", "measure_async"]
+
+
+def _rounds(quick: bool) -> int:
+    return 7 if quick else 25
+
+
+def measure(
+    cases: dict[str, Callable[[], object]], *, number: int = 20_000, rounds: int = 25
+) -> dict[str, float]:
+    """Median seconds per call of each zero-argument callable, interleaved rounds."""
+    samples: dict[str, list[float]] = {name: [] for name in cases}
+    for fn in cases.values():  # warm up
+        for _ in range(min(number, 1000)):
+            fn()
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for _ in range(rounds):
+            for name, fn in cases.items():
+                start = time.perf_counter_ns()
+                for _ in range(number):
+                    fn()
+                samples[name].append((time.perf_counter_ns() - start) / number / 1e9)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def measure_async(
+    cases: dict[str, Callable[[], Awaitable[object]]],
+    *,
+    number: int = 10_000,
+    rounds: int = 25,
+    backend: str = "asyncio",
+) -> dict[str, float]:
+    """Like :func:`measure` for coroutine functions, all cases in one event loop."""
+
+    async def main() -> dict[str, float]:
+        samples: dict[str, list[float]] = {name: [] for name in cases}
+        for fn in cases.values():
+            for _ in range(min(number, 500)):
+                await fn()
+        gc.disable()
+        try:
+            for _ in range(rounds):
+                for name, fn in cases.items():
+                    start = time.perf_counter_ns()
+                    for _ in range(number):
+                        await fn()
+                    samples[name].append((time.perf_counter_ns() - start) / number / 1e9)
+        finally:
+            gc.enable()
+        return {name: statistics.median(values) for name, values in samples.items()}
+
+    if backend == "trio":
+        import trio
+
+        return trio.run(main)
+    return asyncio.run(main())
+
+
+@dataclass
+class Row:
+    """One measured case: its per-call median and overhead over the baseline."""
+
+    name: str
+    per_call_us: float
+    overhead_us: float | None = None
+    target: str = ""
+    met: bool | None = None
+    note: str = ""
+    ours: bool = True
+
+
+@dataclass
+class Section:
+    """A table of rows measured together, with the baseline they are compared to."""
+
+    title: str
+    baseline: str
+    rows: list[Row] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def add(
+        self,
+        name: str,
+        per_call_s: float,
+        *,
+        baseline_s: float | None = None,
+        target_us: float | None = None,
+        ours: bool = True,
+        note: str = "",
+        target_text: str | None = None,
+        met: bool | None = None,
+    ) -> Row:
+        """Add a row; overhead and target check are computed from ``baseline_s``."""
+        overhead = None if baseline_s is None else (per_call_s - baseline_s) * 1e6
+        if met is None and target_us is not None and overhead is not None:
+            met = overhead <= target_us
+        target = target_text or (f"<= {target_us:g} µs" if target_us is not None else "")
+        row = Row(name, per_call_s * 1e6, overhead, target, met, note, ours)
+        self.rows.append(row)
+        return row
+
+
+class Report:
+    """Collects sections from every benchmark module and renders RESULTS.md."""
+
+    def __init__(self, quick: bool = False) -> None:
+        self.quick = quick
+        self.rounds = _rounds(quick)
+        self.sections: list[Section] = []
+
+    def section(self, title: str, baseline: str) -> Section:
+        """Start a new table."""
+        section = Section(title, baseline)
+        self.sections.append(section)
+        return section
+
+    def render(self, header: str) -> str:
+        """The markdown document."""
+        out = [header]
+        for section in self.sections:
+            out.append(f"\n## {section.title}\n")
+            out.append(f"Baseline: {section.baseline}. Overhead = case − baseline, same run.\n")
+            out.append("| case | per call (µs) | overhead (µs) | target | met | note |")
+            out.append("|---|---:|---:|---|:-:|---|")
+            for row in section.rows:
+                name = f"**{row.name}**" if row.ours else row.name
+                overhead = "" if row.overhead_us is None else f"{row.overhead_us:+.2f}"
+                met = "" if row.met is None else ("yes" if row.met else "**no**")
+                out.append(
+                    f"| {name} | {row.per_call_us:.2f} | {overhead} | {row.target} | {met} "
+                    f"| {row.note} |"
+                )
+            for note in section.notes:
+                out.append(f"\n{note}")
+        return "\n".join(out) + "\n"

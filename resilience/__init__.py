@@ -1,0 +1,84 @@
+"""resilience: composable resilience policies for sync and async Python.
+
+Rate limiters (GCRA, in memory or on Redis), keyed bulkheads, circuit breakers,
+retries with jittered backoff and budgets, timeouts and deadlines, fallbacks and fault
+injection; each one a decorator, a context manager where that makes sense, and a step
+of a :class:`Pipeline`.
+
+Example::
+
+    import resilience as rs
+
+    @rs.Pipeline(rs.Fallback(b""), rs.Retry(on=OSError, attempts=3, deadline=2.0), rs.Timeout(0.5))
+    async def fetch(url: str) -> bytes: ...
+"""
+
+from . import errors, testing
+from ._clock import SYSTEM_CLOCK, Clock, SystemClock
+from ._deadline import Deadline, current_deadline, deadline, time_remaining
+from ._events import (
+    BackendFallback,
+    BackendRecovered,
+    CallRejected,
+    Event,
+    FallbackUsed,
+    Listener,
+    RetriesExhausted,
+    RetryBudgetExhausted,
+    RetryScheduled,
+    StateChanged,
+    TimedOut,
+    add_listener,
+    remove_listener,
+)
+from ._policy import Pipeline, PipelineOrderWarning, Policy, PolicyBase, decorate
+from .errors import (
+    BackendError,
+    BulkheadFull,
+    CircuitOpen,
+    ConfigurationError,
+    InjectedFault,
+    RateLimited,
+    Rejected,
+    ResilienceError,
+)
+
+# -- exports added per area below (keep each block self-contained) --
+
+__all__ = [
+    "SYSTEM_CLOCK",
+    "BackendError",
+    "BackendFallback",
+    "BackendRecovered",
+    "BulkheadFull",
+    "CallRejected",
+    "CircuitOpen",
+    "Clock",
+    "ConfigurationError",
+    "Deadline",
+    "Event",
+    "FallbackUsed",
+    "InjectedFault",
+    "Listener",
+    "Pipeline",
+    "PipelineOrderWarning",
+    "Policy",
+    "PolicyBase",
+    "RateLimited",
+    "Rejected",
+    "ResilienceError",
+    "RetriesExhausted",
+    "RetryBudgetExhausted",
+    "RetryScheduled",
+    "StateChanged",
+    "SystemClock",
+    "TimedOut",
+    "add_listener",
+    "current_deadline",
+    "deadline",
+    "decorate",
+    "errors",
+    "remove_listener",
+    "testing",
+    "time_remaining",
+]

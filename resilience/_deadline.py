@@ -1,0 +1,109 @@
+"""The ambient deadline: how much time the current call has left, across policies.
+
+An outer :class:`Timeout`, a :class:`Retry` with ``deadline=``, the ASGI
+``TimeoutMiddleware`` or :func:`deadline` set it in a ContextVar; inner timeouts,
+retry sleeps and limiter or bulkhead waits clamp to what is left. Deadlines only ever
+shrink: entering a longer one inside a shorter one keeps the shorter one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+
+from ._clock import SYSTEM_CLOCK, Clock
+
+__all__ = ["Deadline", "current_deadline", "deadline", "time_remaining"]
+
+
+@dataclass(frozen=True, slots=True)
+class Deadline:
+    """An absolute point in time on a given clock.
+
+    Example::
+
+        d = rs.current_deadline()
+        if d is not None and d.remaining() < 0.1:
+            return cached()
+    """
+
+    at: float
+    clock: Clock
+
+    def remaining(self) -> float:
+        """Seconds left until the deadline (negative once it has passed)."""
+        return self.at - self.clock.monotonic()
+
+
+_DEADLINE: ContextVar[Deadline | None] = ContextVar("resilience_deadline", default=None)
+
+
+def current_deadline() -> Deadline | None:
+    """The deadline of the current context, or ``None`` when there is none.
+
+    Example::
+
+        with rs.deadline(2.0):
+            assert rs.current_deadline() is not None
+    """
+    return _DEADLINE.get()
+
+
+def time_remaining() -> float | None:
+    """Seconds left before the ambient deadline, or ``None`` when there is none.
+
+    Example::
+
+        with rs.deadline(2.0):
+            left = rs.time_remaining()   # about 2.0
+    """
+    current = _DEADLINE.get()
+    return None if current is None else current.remaining()
+
+
+def clamp(seconds: float) -> float:
+    """``seconds`` cut to the time left before the ambient deadline (never below 0)."""
+    current = _DEADLINE.get()
+    if current is None:
+        return seconds
+    return max(0.0, min(seconds, current.remaining()))
+
+
+def push(seconds: float, clock: Clock) -> tuple[Deadline, object]:
+    """Enter a deadline ``seconds`` from now; returns it and a token for :func:`pop`."""
+    new = Deadline(clock.monotonic() + seconds, clock)
+    current = _DEADLINE.get()
+    if current is not None and current.remaining() <= seconds:
+        new = current
+    return new, _DEADLINE.set(new)
+
+
+def pop(token: object) -> None:
+    """Leave the deadline entered by :func:`push`."""
+    _DEADLINE.reset(token)  # type: ignore[arg-type]
+
+
+@contextmanager
+def deadline(seconds: float, *, clock: Clock = SYSTEM_CLOCK) -> Iterator[Deadline]:
+    """Give the enclosed code at most ``seconds``: inner policies clamp their waits to it.
+
+    The deadline is cooperative: it does not cancel anything by itself. Inner
+    :class:`Timeout` policies cut their calls at it, :class:`Retry` will not start a
+    sleep that overruns it, and limiter or bulkhead waits give up at it.
+
+    Example::
+
+        with rs.deadline(1.5):
+            fetch_with_retries()   # its retries stop before 1.5 s are spent
+    """
+    if seconds < 0:
+        from .errors import ConfigurationError
+
+        raise ConfigurationError(f"seconds must be >= 0, got {seconds!r}")
+    entered, token = push(seconds, clock)
+    try:
+        yield entered
+    finally:
+        pop(token)

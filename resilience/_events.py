@@ -1,0 +1,185 @@
+"""Events: what policies tell the world, as typed frozen dataclasses.
+
+Every policy keeps its own listeners (``policy.add_listener(fn)``) and also notifies
+the global ones (:func:`add_listener`). A policy checks ``if self._listeners or
+GLOBAL_LISTENERS`` before it builds an event, so nobody listening costs one truth test.
+A listener that raises is logged and never breaks the call it observes.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+__all__ = [
+    "GLOBAL_LISTENERS",
+    "BackendFallback",
+    "BackendRecovered",
+    "CallRejected",
+    "Event",
+    "FallbackUsed",
+    "Listener",
+    "RetriesExhausted",
+    "RetryBudgetExhausted",
+    "RetryScheduled",
+    "StateChanged",
+    "TimedOut",
+    "add_listener",
+    "emit",
+    "remove_listener",
+]
+
+logger = logging.getLogger("resilience")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Event:
+    """Base of every event: the name of the policy that emitted it and, if keyed, the key.
+
+    Example::
+
+        def log_everything(event: rs.Event) -> None:
+            print(type(event).__name__, event.policy, event.key)
+
+        rs.add_listener(log_everything)
+    """
+
+    policy: str
+    key: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RetryScheduled(Event):
+    """An attempt failed and another one will start after ``delay`` seconds.
+
+    Example: ``retry.add_listener(lambda e: print(e.attempt, e.delay))``
+    """
+
+    attempt: int
+    delay: float
+    exception: BaseException | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RetriesExhausted(Event):
+    """The last attempt failed; ``reason`` is ``"attempts"``, ``"deadline"`` or ``"budget"``.
+
+    Example: ``retry.add_listener(lambda e: alert(e.reason))``
+    """
+
+    attempts: int
+    reason: str
+    exception: BaseException | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RetryBudgetExhausted(Event):
+    """A retry was skipped because the shared :class:`RetryBudget` was empty.
+
+    Example: ``retry.add_listener(lambda e: metrics.inc("budget_empty"))``
+    """
+
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TimedOut(Event):
+    """A call was cut off (async) or overran (sync) after ``seconds``.
+
+    Example: ``timeout.add_listener(lambda e: print("timed out after", e.seconds))``
+    """
+
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FallbackUsed(Event):
+    """A fallback replaced the result of a call that raised ``exception``.
+
+    Example: ``fallback.add_listener(lambda e: print("degraded:", e.exception))``
+    """
+
+    exception: BaseException
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CallRejected(Event):
+    """A policy refused a call (rate limited, bulkhead full, circuit open).
+
+    Example: ``limiter.add_listener(lambda e: print("rejected", e.key, e.retry_after))``
+    """
+
+    retry_after: float | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StateChanged(Event):
+    """A stateful policy (a circuit breaker) moved from ``old`` to ``new``.
+
+    Example: ``breaker.add_listener(lambda e: print(e.old, "->", e.new))``
+    """
+
+    old: str
+    new: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BackendFallback(Event):
+    """A shared backend failed; the policy applied its ``on_backend_error`` ``mode``.
+
+    Example: ``limiter.add_listener(lambda e: print("redis down, mode", e.mode))``
+    """
+
+    mode: str
+    error: BaseException | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BackendRecovered(Event):
+    """A shared backend answered again after a failure; the policy is back on it.
+
+    Example: ``limiter.add_listener(lambda e: print("redis is back"))``
+    """
+
+
+Listener = Callable[[Event], object]
+
+#: Listeners that receive every event of every policy. Mutated in place, never rebound.
+GLOBAL_LISTENERS: list[Listener] = []
+
+
+def add_listener(listener: Listener) -> Listener:
+    """Receive every event of every policy; returns ``listener`` (usable as a decorator).
+
+    Example::
+
+        @rs.add_listener
+        def audit(event: rs.Event) -> None:
+            logging.info("%r", event)
+    """
+    GLOBAL_LISTENERS.append(listener)
+    return listener
+
+
+def remove_listener(listener: Listener) -> None:
+    """Stop sending events to a global listener added with :func:`add_listener`.
+
+    Example: ``rs.remove_listener(audit)``
+    """
+    try:
+        GLOBAL_LISTENERS.remove(listener)
+    except ValueError:
+        pass
+
+
+def emit(listeners: list[Listener], event: Event) -> None:
+    """Deliver ``event`` to a policy's listeners, then to the global ones.
+
+    A listener that raises is logged at WARNING and skipped.
+    """
+    for listener in (*listeners, *GLOBAL_LISTENERS):
+        try:
+            listener(event)
+        except Exception:
+            logger.warning("resilience: event listener %r failed", listener, exc_info=True)

@@ -1,0 +1,132 @@
+"""Bounded per-key state: an LRU map with idle expiry.
+
+Keyed policies (per client IP, per domain, per model tier) keep one small state per
+key. Keys can be chosen by an attacker, so the map is bounded twice: at most
+``max_keys`` entries (least recently used dropped first) and entries idle longer than
+``idle_ttl`` seconds dropped lazily. Callers pick ``factory`` so that a dropped entry
+is re-created in a state that never over-admits (a full bucket, a closed breaker with
+a fresh window).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from typing import Generic, TypeVar
+
+from ._clock import Clock
+from ._validate import check_int, check_number
+
+__all__ = ["BoundedMap"]
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class BoundedMap(Generic[K, V]):
+    """A thread-safe map of at most ``max_keys`` entries, dropping idle ones.
+
+    ``get(key)`` returns the entry, creating it with ``factory(key)`` if absent, and
+    marks it as used now. Expiry is lazy: every ``get`` examines the least recently
+    used entry and drops it if idle, so cleanup is O(1) per call, with no timer thread.
+
+    Example::
+
+        buckets = BoundedMap(lambda key: Bucket(), max_keys=10_000, idle_ttl=600, clock=clock)
+        bucket = buckets.get("203.0.113.7")
+    """
+
+    __slots__ = ("_clock", "_data", "_factory", "_lock", "evictions", "idle_ttl", "max_keys")
+
+    def __init__(
+        self,
+        factory: Callable[[K], V],
+        *,
+        max_keys: int = 10_000,
+        idle_ttl: float | None = 600.0,
+        clock: Clock,
+    ) -> None:
+        self.max_keys: int = check_int("max_keys", max_keys, minimum=1)
+        self.idle_ttl: float | None = check_number(
+            "idle_ttl", idle_ttl, minimum=0.0, strict=True, allow_none=True
+        )
+        self._factory = factory
+        self._clock = clock
+        self._data: OrderedDict[K, tuple[V, float]] = OrderedDict()
+        self._lock = threading.Lock()
+        #: How many entries were dropped (capacity or idleness) so far.
+        self.evictions = 0
+
+    def get(self, key: K) -> V:
+        """The entry for ``key``, created if needed, marked as used now."""
+        now = self._clock.monotonic()
+        data = self._data
+        with self._lock:
+            item = data.get(key)
+            if item is not None:
+                data.move_to_end(key)
+                data[key] = (item[0], now)
+                value = item[0]
+            else:
+                value = self._factory(key)
+                data[key] = (value, now)
+                if len(data) > self.max_keys:
+                    data.popitem(last=False)
+                    self.evictions += 1
+            self._expire_one(now)
+            return value
+
+    def peek(self, key: K) -> V | None:
+        """The entry for ``key`` if present, without creating it or touching its age."""
+        item = self._data.get(key)
+        return None if item is None else item[0]
+
+    def pop(self, key: K) -> V | None:
+        """Remove and return the entry for ``key`` (``None`` if absent)."""
+        with self._lock:
+            item = self._data.pop(key, None)
+        return None if item is None else item[0]
+
+    def _expire_one(self, now: float) -> None:
+        if self.idle_ttl is None or not self._data:
+            return
+        oldest_key = next(iter(self._data))
+        if now - self._data[oldest_key][1] > self.idle_ttl:
+            del self._data[oldest_key]
+            self.evictions += 1
+
+    def expire(self) -> int:
+        """Drop every idle entry now; returns how many were dropped."""
+        if self.idle_ttl is None:
+            return 0
+        now = self._clock.monotonic()
+        dropped = 0
+        with self._lock:
+            while self._data:
+                oldest_key = next(iter(self._data))
+                if now - self._data[oldest_key][1] <= self.idle_ttl:
+                    break
+                del self._data[oldest_key]
+                dropped += 1
+            self.evictions += dropped
+        return dropped
+
+    def items(self) -> list[tuple[K, V]]:
+        """A snapshot of ``(key, entry)`` pairs, least recently used first."""
+        with self._lock:
+            return [(key, value) for key, (value, _) in self._data.items()]
+
+    def clear(self) -> None:
+        """Drop every entry."""
+        with self._lock:
+            self._data.clear()
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._data
+
+    def __iter__(self) -> Iterator[K]:
+        return iter(list(self._data))

@@ -1,0 +1,82 @@
+"""Argument checks shared by every policy's constructor.
+
+Each raises :class:`ConfigurationError` naming the argument and the accepted range, so
+a bad configuration fails at construction with a message that says how to fix it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from .errors import ConfigurationError
+
+T = TypeVar("T")
+
+__all__ = [
+    "check_choice",
+    "check_int",
+    "check_number",
+    "check_probability",
+]
+
+
+def check_number(
+    name: str,
+    value: Any,
+    *,
+    minimum: float = 0.0,
+    strict: bool = False,
+    allow_none: bool = False,
+    allow_inf: bool = False,
+) -> Any:
+    """Return ``value`` as a float if it is a real number above ``minimum``."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigurationError(f"{name} must be a number, got {value!r}")
+    if math.isnan(value) or (math.isinf(value) and not allow_inf):
+        raise ConfigurationError(f"{name} must be a finite number, got {value!r}")
+    if (strict and value <= minimum) or (not strict and value < minimum):
+        op = ">" if strict else ">="
+        raise ConfigurationError(f"{name} must be {op} {minimum:g}, got {value!r}")
+    return float(value)
+
+
+def check_int(
+    name: str, value: Any, *, minimum: int = 0, maximum: int | None = None, allow_none: bool = False
+) -> Any:
+    """Return ``value`` if it is an integer within ``[minimum, maximum]``."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigurationError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    if value < minimum or (maximum is not None and value > maximum):
+        bound = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
+        raise ConfigurationError(f"{name} must be an integer {bound}, got {value!r}")
+    return value
+
+
+def check_probability(name: str, value: Any) -> float:
+    """Return ``value`` as a float if it is within ``[0, 1]``."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
+        raise ConfigurationError(f"{name} must be a number in [0, 1], got {value!r}")
+    return float(value)
+
+
+def check_choice(name: str, value: T, choices: tuple[T, ...]) -> T:
+    """Return ``value`` if it is one of ``choices``."""
+    if value not in choices:
+        allowed = ", ".join(repr(c) for c in choices)
+        raise ConfigurationError(f"{name} must be one of {allowed}, got {value!r}")
+    return value
+
+
+def check_callable(name: str, value: Any, *, allow_none: bool = True) -> Callable[..., Any] | None:
+    """Return ``value`` if it is callable (or ``None`` when allowed)."""
+    if value is None and allow_none:
+        return None
+    if not callable(value):
+        raise ConfigurationError(f"{name} must be callable, got {value!r}")
+    return value  # type: ignore[no-any-return]

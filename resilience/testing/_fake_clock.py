@@ -1,0 +1,111 @@
+"""A clock that only moves when told to, for tests that never wait for real."""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import anyio.lowlevel
+
+from .._validate import check_number
+
+__all__ = ["FakeClock", "TimerHandle"]
+
+
+@dataclass(order=True)
+class TimerHandle:
+    """A callback registered with :meth:`FakeClock.call_at`; ``cancel()`` removes it."""
+
+    when: float
+    seq: int
+    callback: Callable[[], object] = field(compare=False)
+    cancelled: bool = field(default=False, compare=False)
+
+    def cancel(self) -> None:
+        """Do not run the callback."""
+        self.cancelled = True
+
+
+class FakeClock:
+    """Virtual time: ``monotonic()`` moves only through ``advance()`` and sleeps.
+
+    Sleeps advance the clock at once, both ``sleep()`` (threads) and ``await
+    sleep_async()`` (asyncio and trio tasks, which still yield to the event loop once),
+    so a test of a 30-second cool-down runs in microseconds. ``call_at()`` registers
+    timers fired by ``advance()``; :class:`resilience.Timeout` uses them to cut async
+    calls at a virtual deadline.
+
+    Example::
+
+        clock = FakeClock()
+        breaker = rs.CircuitBreaker(open_for=30, clock=clock)
+        ...
+        clock.advance(30)        # the breaker is now half-open
+        assert clock.monotonic() == 30.0
+    """
+
+    def __init__(self, start: float = 0.0) -> None:
+        self._now = float(check_number("start", start, minimum=float("-inf")))
+        self._lock = threading.RLock()
+        self._timers: list[TimerHandle] = []
+        self._seq = itertools.count()
+        #: Every duration passed to ``sleep``/``sleep_async``, in order (for assertions).
+        self.sleeps: list[float] = []
+
+    def monotonic(self) -> float:
+        """The current virtual time in seconds."""
+        return self._now
+
+    def time(self) -> float:
+        """Alias of :meth:`monotonic`."""
+        return self._now
+
+    def advance(self, seconds: float) -> None:
+        """Move time forward by ``seconds``, firing due timers in order.
+
+        Example: ``clock.advance(1.5)``
+        """
+        if seconds < 0:
+            raise ValueError(f"time never goes back: advance({seconds!r})")
+        with self._lock:
+            target = self._now + seconds
+            while self._timers and self._timers[0].when <= target:
+                timer = heapq.heappop(self._timers)
+                if timer.cancelled:
+                    continue
+                self._now = max(self._now, timer.when)
+                timer.callback()
+            self._now = target
+
+    def set(self, now: float) -> None:
+        """Jump to absolute time ``now`` (which must not be in the past)."""
+        self.advance(now - self._now)
+
+    def sleep(self, seconds: float) -> None:
+        """Advance the clock by ``seconds`` at once and return."""
+        seconds = max(float(seconds), 0.0)
+        self.sleeps.append(seconds)
+        self.advance(seconds)
+
+    async def sleep_async(self, seconds: float) -> None:
+        """Advance the clock by ``seconds`` at once, then yield to the event loop once."""
+        seconds = max(float(seconds), 0.0)
+        self.sleeps.append(seconds)
+        self.advance(seconds)
+        await anyio.lowlevel.checkpoint()
+
+    def call_at(self, when: float, callback: Callable[[], object]) -> TimerHandle:
+        """Run ``callback()`` when virtual time reaches ``when``; returns a cancellable handle.
+
+        Example: ``handle = clock.call_at(clock.monotonic() + 5, scope.cancel)``
+        """
+        with self._lock:
+            handle = TimerHandle(float(when), next(self._seq), callback)
+            heapq.heappush(self._timers, handle)
+            return handle
+
+    def __repr__(self) -> str:
+        return f"FakeClock(now={self._now!r})"

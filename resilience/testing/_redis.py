@@ -1,0 +1,212 @@
+"""A private ``redis-server`` per test, which the test may kill, pause or restart."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from typing import Any
+
+__all__ = ["RedisServer", "RedisUnavailable", "free_port", "resp_command"]
+
+
+class RedisUnavailable(RuntimeError):
+    """``redis-server`` is not installed or did not start."""
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _encode(*args: object) -> bytes:
+    out = [b"*%d\r\n" % len(args)]
+    for arg in args:
+        data = arg if isinstance(arg, bytes) else str(arg).encode()
+        out.append(b"$%d\r\n%s\r\n" % (len(data), data))
+    return b"".join(out)
+
+
+def _read_reply(stream: Any) -> Any:
+    line = stream.readline()
+    if not line:
+        raise ConnectionError("redis closed the connection")
+    kind, rest = line[:1], line[1:-2]
+    if kind == b"+":
+        return rest.decode()
+    if kind == b"-":
+        raise RuntimeError(rest.decode())
+    if kind == b":":
+        return int(rest)
+    if kind == b"$":
+        size = int(rest)
+        if size < 0:
+            return None
+        data = stream.read(size + 2)[:-2]
+        return data.decode(errors="replace")
+    if kind == b"*":
+        count = int(rest)
+        return None if count < 0 else [_read_reply(stream) for _ in range(count)]
+    raise RuntimeError(f"unexpected reply {line!r}")
+
+
+def resp_command(port: int, *args: object, timeout: float = 2.0, host: str = "127.0.0.1") -> Any:
+    """Send one command to Redis over a raw socket and return the parsed reply.
+
+    Used by the fixture so that it needs no Redis client library.
+    """
+    with socket.create_connection((host, port), timeout=timeout) as sock:
+        sock.sendall(_encode(*args))
+        with sock.makefile("rb") as stream:
+            return _read_reply(stream)
+
+
+class RedisServer:
+    """A ``redis-server`` process on a free port of 127.0.0.1, owned by one test.
+
+    Nothing is persisted. ``kill()`` (SIGKILL), ``pause()`` (SIGSTOP: connections hang),
+    ``resume()`` (SIGCONT), ``restart()`` (empty, same port) and ``flush_scripts()``
+    (``SCRIPT FLUSH``) let chaos tests break it on purpose.
+
+    Example::
+
+        def test_survives_redis_death(redis_server):
+            limiter = rs.RateLimiter("5/s", backend=RedisBackend.from_url(redis_server.url))
+            redis_server.kill()
+            assert limiter.try_acquire(key="k").allowed   # "local" fallback
+    """
+
+    def __init__(self, *, port: int | None = None, extra_args: tuple[str, ...] = ()) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise RedisUnavailable("redis-server is not on PATH (apt-get install redis-server)")
+        self.binary = binary
+        self.port = port or free_port()
+        self.host = "127.0.0.1"
+        self.extra_args = extra_args
+        self.process: subprocess.Popen[bytes] | None = None
+        self._dir = tempfile.mkdtemp(prefix="resilience-redis-")
+        self.paused = False
+
+    @property
+    def url(self) -> str:
+        """``redis://127.0.0.1:PORT/0``."""
+        return f"redis://{self.host}:{self.port}/0"
+
+    def start(self, timeout: float = 10.0) -> RedisServer:
+        """Spawn the server and wait until it answers PING."""
+        args = [
+            self.binary,
+            "--port",
+            str(self.port),
+            "--bind",
+            self.host,
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            self._dir,
+            "--protected-mode",
+            "no",
+            "--loglevel",
+            "warning",
+            *self.extra_args,
+        ]
+        self.process = subprocess.Popen(
+            args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        )
+        self.paused = False
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RedisUnavailable(f"redis-server exited with {self.process.returncode}")
+            with contextlib.suppress(OSError, ConnectionError, RuntimeError):
+                if resp_command(self.port, "PING", timeout=0.5) == "PONG":
+                    return self
+            time.sleep(0.02)
+        self.kill()
+        raise RedisUnavailable(f"redis-server did not answer on port {self.port}")
+
+    def command(self, *args: object) -> Any:
+        """Run one Redis command over a raw socket (e.g. ``command("INFO", "commandstats")``)."""
+        return resp_command(self.port, *args)
+
+    def commandstats(self) -> dict[str, int]:
+        """Calls per command since the last ``CONFIG RESETSTAT``: ``{"evalsha": 12, ...}``."""
+        info = self.command("INFO", "commandstats")
+        counts: dict[str, int] = {}
+        for line in str(info).splitlines():
+            if line.startswith("cmdstat_"):
+                name, _, rest = line[len("cmdstat_") :].partition(":")
+                fields = dict(item.split("=", 1) for item in rest.split(","))
+                counts[name] = int(fields.get("calls", "0"))
+        return counts
+
+    def reset_stats(self) -> None:
+        """``CONFIG RESETSTAT``."""
+        self.command("CONFIG", "RESETSTAT")
+
+    def flush_scripts(self) -> None:
+        """``SCRIPT FLUSH``: the next EVALSHA gets NOSCRIPT."""
+        self.command("SCRIPT", "FLUSH")
+
+    def flushall(self) -> None:
+        """``FLUSHALL``."""
+        self.command("FLUSHALL")
+
+    def kill(self) -> None:
+        """SIGKILL the server (resumes it first if paused, so it really dies)."""
+        if self.process is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            if self.paused:
+                os.kill(self.process.pid, signal.SIGCONT)
+            self.process.kill()
+        self.process.wait(timeout=10)
+        self.process = None
+        self.paused = False
+
+    def pause(self) -> None:
+        """SIGSTOP the server: connections stay open and nothing answers."""
+        if self.process is not None:
+            os.kill(self.process.pid, signal.SIGSTOP)
+            self.paused = True
+
+    def resume(self) -> None:
+        """SIGCONT a paused server."""
+        if self.process is not None:
+            os.kill(self.process.pid, signal.SIGCONT)
+            self.paused = False
+
+    def restart(self) -> None:
+        """Kill the server and start an empty one on the same port."""
+        self.kill()
+        self.start()
+
+    @property
+    def running(self) -> bool:
+        """Whether the process is alive (paused counts as alive)."""
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self) -> None:
+        """Kill the server and remove its directory."""
+        self.kill()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    def __enter__(self) -> RedisServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        state = "paused" if self.paused else ("running" if self.running else "stopped")
+        return f"<RedisServer {self.url} {state}>"

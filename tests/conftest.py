@@ -1,0 +1,11 @@
+"""Shared test configuration: async tests run on asyncio and on trio."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(params=["asyncio", "trio"])
+def anyio_backend(request: pytest.FixtureRequest) -> str:
+    """Every ``@pytest.mark.anyio`` test runs once per event loop."""
+    return str(request.param)
