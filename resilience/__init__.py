@@ -13,7 +13,8 @@ Example::
     async def fetch(url: str) -> bytes: ...
 """
 
-from . import errors, testing
+from . import backoff, errors, testing
+from ._budget import RetryBudget, RetryBudgetStatistics
 from ._clock import SYSTEM_CLOCK, Clock, SystemClock
 from ._deadline import Deadline, current_deadline, deadline, time_remaining
 from ._events import (
@@ -31,7 +32,10 @@ from ._events import (
     add_listener,
     remove_listener,
 )
+from ._fallback import Fallback, FallbackStatistics
 from ._policy import Pipeline, PipelineOrderWarning, Policy, PolicyBase, decorate
+from ._retry import Retry, RetryStatistics
+from ._timeout import Timeout, TimeoutStatistics
 from .errors import (
     BackendError,
     BulkheadFull,
@@ -57,6 +61,8 @@ __all__ = [
     "ConfigurationError",
     "Deadline",
     "Event",
+    "Fallback",
+    "FallbackStatistics",
     "FallbackUsed",
     "InjectedFault",
     "Listener",
@@ -68,12 +74,19 @@ __all__ = [
     "Rejected",
     "ResilienceError",
     "RetriesExhausted",
+    "Retry",
+    "RetryBudget",
+    "RetryBudgetStatistics",
     "RetryBudgetExhausted",
     "RetryScheduled",
+    "RetryStatistics",
     "StateChanged",
     "SystemClock",
     "TimedOut",
+    "Timeout",
+    "TimeoutStatistics",
     "add_listener",
+    "backoff",
     "current_deadline",
     "deadline",
     "decorate",

@@ -81,7 +81,7 @@ def decorate(policy: Policy, fn: Callable[P, T]) -> Callable[P, T]:
 
         @functools.wraps(fn)
         async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-            return await call_async(fn, *args, **kwargs)  # type: ignore[arg-type]
+            return await call_async(fn, *args, **kwargs)
 
         return cast(Callable[P, T], async_wrapper)
 
@@ -109,8 +109,6 @@ class PolicyBase:
             async def call_async(self, fn, /, *args, **kwargs):
                 return await fn(*args, **kwargs)
     """
-
-    __slots__ = ("__weakref__", "_listeners", "name")
 
     #: True for policies that raise :class:`Rejected` without running the call.
     raises_rejected: bool = False
@@ -202,9 +200,7 @@ class Pipeline(PolicyBase):
         def lookup(key: str) -> str: ...
     """
 
-    __slots__ = ("policies",)
-
-    def __init__(self, *policies: Policy, name: str | None = None) -> None:
+    def __init__(self, *policies: Any, name: str | None = None) -> None:
         super().__init__(name=name)
         flat: list[Policy] = []
         for policy in policies:

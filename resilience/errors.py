@@ -154,10 +154,6 @@ class ConfigurationError(ResilienceError, ValueError):
     """
 
 
-def __getattr__(name: str) -> object:
-    # Timeout lives with its policy; import lazily to avoid an import cycle.
-    if name == "Timeout":
-        from ._timeout import Timeout
-
-        return Timeout
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# Timeout is the policy and its exception at once; it lives with the policy. Imported
+# last, once every class it needs from this module exists.
+from ._timeout import Timeout  # noqa: E402

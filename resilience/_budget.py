@@ -1,0 +1,121 @@
+"""Retry budgets: cap retries at a fraction of recent traffic, fleet-wide per process."""
+
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass
+
+from ._clock import SYSTEM_CLOCK, Clock
+from ._validate import check_number
+
+__all__ = ["RetryBudget", "RetryBudgetStatistics"]
+
+
+@dataclass(frozen=True, slots=True)
+class RetryBudgetStatistics:
+    """A snapshot of a :class:`RetryBudget` over its current window.
+
+    Example: ``budget.statistics().available``
+    """
+
+    calls: int
+    retries: int
+    refused: int
+    available: float
+
+
+class RetryBudget:
+    """Allow retries up to ``ratio`` of recent calls plus ``min_per_second``.
+
+    Over a sliding ``window`` of seconds (kept as one-second buckets), a retry is
+    allowed while::
+
+        retries_in_window < ratio · calls_in_window + min_per_second · window
+
+    so under a total outage the retries add at most ``ratio`` to the load, plus a
+    small floor so that low-traffic callers can still retry. Share one budget
+    between the policies that call the same dependency. (Finagle's RetryBudget.)
+
+    Example::
+
+        budget = rs.RetryBudget(ratio=0.2, min_per_second=1.0)
+        fetch_meta = rs.Retry(on=OSError, budget=budget)(fetch_meta)
+        fetch_video = rs.Retry(on=OSError, budget=budget)(fetch_video)
+    """
+
+    __slots__ = (
+        "_buckets",
+        "_clock",
+        "_lock",
+        "_refused",
+        "min_per_second",
+        "ratio",
+        "window",
+    )
+
+    def __init__(
+        self,
+        ratio: float = 0.2,
+        min_per_second: float = 10.0,
+        window: float = 10.0,
+        *,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self.ratio = check_number("ratio", ratio)
+        self.min_per_second = check_number("min_per_second", min_per_second)
+        self.window = check_number("window", window, minimum=1.0)
+        self._clock = clock
+        # bucket index (whole seconds) -> [calls, retries]
+        self._buckets: dict[int, list[int]] = {}
+        self._lock = threading.Lock()
+        self._refused = 0
+
+    def _bucket(self, now: float) -> list[int]:
+        index = math.floor(now)
+        bucket = self._buckets.get(index)
+        if bucket is None:
+            bucket = self._buckets[index] = [0, 0]
+            oldest = index - math.ceil(self.window)
+            for stale in [k for k in self._buckets if k <= oldest]:
+                del self._buckets[stale]
+        return bucket
+
+    def deposit(self) -> None:
+        """Record one call (a first attempt); every call earns ``ratio`` of a retry."""
+        now = self._clock.monotonic()
+        with self._lock:
+            self._bucket(now)[0] += 1
+
+    def _totals(self) -> tuple[int, int]:
+        calls = retries = 0
+        for bucket_calls, bucket_retries in self._buckets.values():
+            calls += bucket_calls
+            retries += bucket_retries
+        return calls, retries
+
+    def try_withdraw(self) -> bool:
+        """Take one retry from the budget; ``False`` (and nothing taken) when it is empty."""
+        now = self._clock.monotonic()
+        with self._lock:
+            bucket = self._bucket(now)
+            calls, retries = self._totals()
+            if retries + 1 > self.ratio * calls + self.min_per_second * self.window:
+                self._refused += 1
+                return False
+            bucket[1] += 1
+            return True
+
+    def statistics(self) -> RetryBudgetStatistics:
+        """Calls, retries and refusals in the current window, and retries still available."""
+        with self._lock:
+            self._bucket(self._clock.monotonic())
+            calls, retries = self._totals()
+            available = self.ratio * calls + self.min_per_second * self.window - retries
+            return RetryBudgetStatistics(calls, retries, self._refused, max(available, 0.0))
+
+    def __repr__(self) -> str:
+        return (
+            f"RetryBudget(ratio={self.ratio}, min_per_second={self.min_per_second}, "
+            f"window={self.window})"
+        )

@@ -1,0 +1,125 @@
+"""Fallback: a degraded result instead of an error."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from ._events import FallbackUsed
+from ._matching import exception_filter
+from ._policy import PolicyBase
+from ._timeout import Timeout
+from .errors import Rejected
+
+__all__ = ["Fallback", "FallbackStatistics"]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class FallbackStatistics:
+    """How many calls a :class:`Fallback` answered with its degraded result.
+
+    Example: ``fallback.statistics().used``
+    """
+
+    used: int
+
+
+class Fallback(PolicyBase):
+    """Return a degraded result when the call fails with one of the ``on`` errors.
+
+    ``value_or_callable`` is either the value to return, or a callable that receives
+    the exception (or takes no argument) and returns it. For ``async def`` functions
+    the callable may be ``async`` too; it is awaited. A plain value that happens to be
+    callable must be wrapped: ``Fallback(lambda: my_function)``.
+
+    ``on`` defaults to ``(Rejected, Timeout)``: the call was refused by a limiter, a
+    bulkhead or an open breaker, or ran out of time. Pass exception types or a
+    predicate to widen it. Errors not matched propagate unchanged.
+
+    Example::
+
+        @rs.Fallback(lambda exc: {"summary": None, "degraded": True})
+        @rs.CircuitBreaker()
+        async def summarize(text: str) -> dict: ...
+    """
+
+    def __init__(
+        self,
+        value_or_callable: Any,
+        *,
+        on: Any = (Rejected, Timeout),
+        name: str | None = None,
+    ) -> None:
+        super().__init__(name=name)
+        self._types, self._predicate = exception_filter("on", on)
+        self._callable = callable(value_or_callable)
+        self._value = value_or_callable
+        self._takes_error = self._callable and _accepts_argument(value_or_callable)
+        self._used = 0
+
+    def _matches(self, exc: Exception) -> bool:
+        if self._types is not None:
+            return isinstance(exc, self._types)
+        assert self._predicate is not None
+        return bool(self._predicate(exc))
+
+    def _degraded(self, exc: Exception) -> Any:
+        self._used += 1
+        if self._observed:
+            self._emit(FallbackUsed(policy=self.name, exception=exc))
+        if not self._callable:
+            return self._value
+        return self._value(exc) if self._takes_error else self._value()
+
+    def call(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+        """Run ``fn(*args, **kwargs)``; on a matching error return the fallback."""
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:
+            if not self._matches(exc):
+                raise
+            result = self._degraded(exc)
+            if inspect.isawaitable(result):
+                close = getattr(result, "close", None)
+                if close is not None:
+                    close()
+                raise TypeError(
+                    "an async fallback cannot serve a sync function; give a sync callable"
+                ) from exc
+            return result  # type: ignore[no-any-return]
+
+    async def call_async(self, fn: Callable[..., Awaitable[T]], /, *args: Any, **kwargs: Any) -> T:
+        """Run ``await fn(*args, **kwargs)``; on a matching error return the fallback."""
+        try:
+            return await fn(*args, **kwargs)
+        except Exception as exc:
+            if not self._matches(exc):
+                raise
+            result = self._degraded(exc)
+            if inspect.isawaitable(result):
+                result = await result
+            return result  # type: ignore[no-any-return]
+
+    def statistics(self) -> FallbackStatistics:
+        """How many times the fallback was used.
+
+        Example: ``assert fallback.statistics().used == 1``
+        """
+        return FallbackStatistics(self._used)
+
+
+def _accepts_argument(fn: Callable[..., Any]) -> bool:
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return True
+    for parameter in signature.parameters.values():
+        if parameter.kind in (parameter.VAR_POSITIONAL,):
+            return True
+        if parameter.kind in (parameter.POSITIONAL_ONLY, parameter.POSITIONAL_OR_KEYWORD):
+            return True
+    return False

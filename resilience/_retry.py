@@ -1,0 +1,251 @@
+"""Retry: attempts, a total deadline, jittered backoff, budgets and ``retry_after`` hints."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from . import _deadline
+from ._budget import RetryBudget
+from ._clock import SYSTEM_CLOCK, Clock
+from ._events import RetriesExhausted, RetryBudgetExhausted, RetryScheduled
+from ._matching import exception_filter, may_match
+from ._policy import PolicyBase
+from ._validate import check_callable, check_int, check_number
+from .backoff import full_jitter
+from .errors import ConfigurationError, Rejected
+from .testing._no_wait import NO_WAIT
+
+__all__ = ["Retry", "RetryStatistics"]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class RetryStatistics:
+    """Counters of a :class:`Retry` since it was built.
+
+    ``retries`` is the number of extra attempts started; ``recovered`` the calls that
+    succeeded after at least one retry; ``exhausted`` the calls that gave up (by
+    attempts, deadline or budget); ``budget_refusals`` the retries the budget refused.
+
+    Example: ``assert retry.statistics().exhausted == 0``
+    """
+
+    retries: int
+    recovered: int
+    exhausted: int
+    budget_refusals: int
+
+
+class _Run:
+    """The mutable state of one call's retries; created only after a first failure."""
+
+    __slots__ = ("attempt", "delays")
+
+    def __init__(self, delays: Iterator[float]) -> None:
+        self.attempt = 1
+        self.delays = delays
+
+
+class Retry(PolicyBase):
+    """Run a call again when it fails, with backoff, within attempts, deadline and budget.
+
+    Before retry ``n`` (after ``n + 1`` failed attempts) the policy waits::
+
+        delay = max(next(backoff), exc.retry_after)    # retry_after if the error has one
+
+    and gives up, re-raising the last exception, when any of these holds:
+
+    * ``attempts`` (the total, including the first) have been made;
+    * ``delay`` would overrun the ``deadline`` (total seconds since the first attempt)
+      or the ambient deadline (:func:`resilience.deadline`, an outer Timeout): it never
+      starts a sleep it cannot finish;
+    * the shared :class:`RetryBudget` is empty.
+
+    ``on=`` is required: exception types, or a predicate of the exception. Only
+    :class:`Exception` subclasses are ever retried; cancellation and ``KeyboardInterrupt``
+    pass through. ``on_result=`` retries on results too (e.g. a 503 response); when
+    retries run out on a result, that last result is returned.
+
+    Example::
+
+        @rs.Retry(on=(ConnectionError, TimeoutError), attempts=4, deadline=5.0,
+                  backoff=rs.backoff.full_jitter(0.1, cap=2.0))
+        async def fetch(url: str) -> bytes: ...
+    """
+
+    def __init__(
+        self,
+        *,
+        on: Any,
+        on_result: Callable[[Any], bool] | None = None,
+        attempts: int = 3,
+        deadline: float | None = None,
+        backoff: Iterable[float] | None = None,
+        budget: RetryBudget | None = None,
+        respect_retry_after: bool = True,
+        clock: Clock = SYSTEM_CLOCK,
+        name: str | None = None,
+    ) -> None:
+        super().__init__(name=name)
+        self._types, self._predicate = exception_filter("on", on)
+        self._on_result = check_callable("on_result", on_result)
+        self.attempts: int = check_int("attempts", attempts, minimum=1)
+        self.deadline: float | None = check_number(
+            "deadline", deadline, strict=True, allow_none=True
+        )
+        if backoff is None:
+            backoff = full_jitter(0.1, cap=10.0)
+        elif not isinstance(backoff, Iterable):
+            raise ConfigurationError(
+                f"backoff must be an iterable of delays (see resilience.backoff), got {backoff!r}"
+            )
+        self.backoff: Iterable[float] = backoff
+        if budget is not None and not isinstance(budget, RetryBudget):
+            raise ConfigurationError(f"budget must be a RetryBudget, got {budget!r}")
+        self.budget = budget
+        self.respect_retry_after = bool(respect_retry_after)
+        self._clock = clock
+        self._retries = self._recovered = self._exhausted = self._budget_refusals = 0
+
+    @property
+    def retries_rejections(self) -> bool:
+        """Whether this retry may retry :class:`Rejected` errors (used by Pipeline checks)."""
+        return may_match(self._types, Rejected)
+
+    def _matches(self, exc: Exception) -> bool:
+        if self._types is not None:
+            return isinstance(exc, self._types)
+        assert self._predicate is not None
+        return bool(self._predicate(exc))
+
+    # -- the core: pure decisions, shared by both shells ----------------------------
+
+    def _plan(self, run: _Run, exc: BaseException | None) -> float | None:
+        """The delay before the next attempt, or ``None`` to give up now."""
+        attempt = run.attempt
+        if attempt >= self.attempts:
+            return self._give_up(attempt, "attempts", exc)
+        try:
+            delay = float(next(run.delays))
+        except StopIteration:
+            return self._give_up(attempt, "attempts", exc)
+        if self.respect_retry_after and exc is not None:
+            hint = getattr(exc, "retry_after", None)
+            if isinstance(hint, int | float) and math.isfinite(hint) and hint > delay:
+                delay = float(hint)
+        remaining = _deadline.time_remaining()
+        if remaining is not None and delay > remaining:
+            return self._give_up(attempt, "deadline", exc)
+        budget = self.budget
+        if budget is not None and not budget.try_withdraw():
+            self._budget_refusals += 1
+            if self._observed:
+                self._emit(RetryBudgetExhausted(policy=self.name, attempt=attempt))
+            return self._give_up(attempt, "budget", exc)
+        run.attempt = attempt + 1
+        self._retries += 1
+        if self._observed:
+            self._emit(
+                RetryScheduled(policy=self.name, attempt=attempt, delay=delay, exception=exc)
+            )
+        return 0.0 if NO_WAIT.get() else delay
+
+    def _give_up(self, attempts: int, reason: str, exc: BaseException | None) -> float | None:
+        self._exhausted += 1
+        if self._observed:
+            self._emit(
+                RetriesExhausted(policy=self.name, attempts=attempts, reason=reason, exception=exc)
+            )
+        return None
+
+    def _start(self) -> _Run:
+        return _Run(iter(self.backoff))
+
+    # -- the shells -----------------------------------------------------------------
+
+    def call(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+        """Run ``fn(*args, **kwargs)``, retrying as configured."""
+        if self.budget is not None:
+            self.budget.deposit()
+        if self.deadline is None:
+            return self._call(fn, args, kwargs)
+        _, token = _deadline.push(self.deadline, self._clock)
+        try:
+            return self._call(fn, args, kwargs)
+        finally:
+            _deadline.pop(token)
+
+    def _call(self, fn: Callable[..., T], args: Any, kwargs: Any) -> T:
+        run: _Run | None = None
+        while True:
+            try:
+                result = fn(*args, **kwargs)
+            except Exception as exc:
+                if not self._matches(exc):
+                    raise
+                if run is None:
+                    run = self._start()
+                delay = self._plan(run, exc)
+                if delay is None:
+                    raise
+            else:
+                if self._on_result is None or not self._on_result(result):
+                    if run is not None:
+                        self._recovered += 1
+                    return result
+                if run is None:
+                    run = self._start()
+                delay = self._plan(run, None)
+                if delay is None:
+                    return result
+            self._clock.sleep(delay)
+
+    async def call_async(self, fn: Callable[..., Awaitable[T]], /, *args: Any, **kwargs: Any) -> T:
+        """Run ``await fn(*args, **kwargs)``, retrying as configured."""
+        if self.budget is not None:
+            self.budget.deposit()
+        if self.deadline is None:
+            return await self._call_async(fn, args, kwargs)
+        _, token = _deadline.push(self.deadline, self._clock)
+        try:
+            return await self._call_async(fn, args, kwargs)
+        finally:
+            _deadline.pop(token)
+
+    async def _call_async(self, fn: Callable[..., Awaitable[T]], args: Any, kwargs: Any) -> T:
+        run: _Run | None = None
+        while True:
+            try:
+                result = await fn(*args, **kwargs)
+            except Exception as exc:
+                if not self._matches(exc):
+                    raise
+                if run is None:
+                    run = self._start()
+                delay = self._plan(run, exc)
+                if delay is None:
+                    raise
+            else:
+                if self._on_result is None or not self._on_result(result):
+                    if run is not None:
+                        self._recovered += 1
+                    return result
+                if run is None:
+                    run = self._start()
+                delay = self._plan(run, None)
+                if delay is None:
+                    return result
+            await self._clock.sleep_async(delay)
+
+    def statistics(self) -> RetryStatistics:
+        """Retries started, calls recovered, calls exhausted, budget refusals.
+
+        Example: ``print(retry.statistics())``
+        """
+        return RetryStatistics(
+            self._retries, self._recovered, self._exhausted, self._budget_refusals
+        )

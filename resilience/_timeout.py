@@ -1,0 +1,270 @@
+"""Timeout: bound a call in time; the policy and the exception it raises are one class."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, TypeVar
+
+import anyio
+
+from . import (
+    _deadline,
+    _validate,  # a module import: errors.py imports this module mid-way
+)
+from ._clock import SYSTEM_CLOCK, Clock
+from ._events import TimedOut
+from ._policy import PolicyBase
+from .errors import ResilienceError
+
+__all__ = ["Timeout", "TimeoutStatistics"]
+
+T = TypeVar("T")
+
+_get_running_loop = asyncio._get_running_loop
+
+
+@dataclass(frozen=True, slots=True)
+class TimeoutStatistics:
+    """Counters of a :class:`Timeout`: how many calls it cut off or found overrun.
+
+    Example: ``timeout.statistics().timed_out``
+    """
+
+    timed_out: int
+
+
+class _Expiry:
+    """Fires once at the deadline: marks itself and cancels the task (asyncio path)."""
+
+    __slots__ = ("fired", "task")
+
+    def __init__(self, task: asyncio.Task[Any]) -> None:
+        self.task = task
+        self.fired = False
+
+    def __call__(self) -> None:
+        self.fired = True
+        self.task.cancel()
+
+
+# Per-task state of ``async with timeout:`` blocks (the policy object is shared).
+_ENTERED: ContextVar[list[Any] | None] = ContextVar("resilience_timeout_entered", default=None)
+
+
+class Timeout(PolicyBase, ResilienceError, TimeoutError):
+    """Bound a call to ``seconds``; raise ``Timeout`` (also a ``TimeoutError``) if it overruns.
+
+    ``Timeout`` is both the policy and the exception it raises, so
+    ``except rs.Timeout`` catches what ``@rs.Timeout(1)`` raises. The limit is clamped
+    to the ambient deadline, and the call runs with the shorter of the two as its own
+    ambient deadline, so inner retries and waits stop in time.
+
+    **Async** (``async def``, ``async with``): the call is cancelled at the deadline,
+    on asyncio (with a single timer handle: cheaper than ``asyncio.timeout``) and on
+    trio (an anyio cancel scope).
+
+    **Sync** (``def``, ``with``): a running Python function cannot be preempted, so:
+
+    1. if the deadline has already passed when the call would start, ``Timeout`` is
+       raised and the call is not made;
+    2. the call runs with the deadline set, so cooperating code inside (``Retry``
+       sleeps, limiter and bulkhead waits, inner ``Timeout`` checks) stops at it;
+    3. if the call returns after the deadline, its result is discarded and
+       ``Timeout`` is raised: a timed-out call never returns a value late.
+
+    Example::
+
+        @rs.Timeout(0.5)
+        async def ask_model(prompt: str) -> str: ...
+
+        try:
+            await ask_model("hi")
+        except rs.Timeout:
+            ...
+    """
+
+    def __init__(
+        self,
+        seconds: float,
+        *,
+        clock: Clock = SYSTEM_CLOCK,
+        name: str | None = None,
+    ) -> None:
+        PolicyBase.__init__(self, name=name)
+        self.seconds: float = _validate.check_number("seconds", seconds, strict=True)
+        self._clock = clock
+        self._timed_out = 0
+        self._fake_timers = hasattr(clock, "call_at") and clock is not SYSTEM_CLOCK
+        ResilienceError.__init__(self, f"timed out after {self.seconds:g}s")
+
+    # -- the error --------------------------------------------------------------------
+
+    def _error(self, seconds: float) -> Timeout:
+        self._timed_out += 1
+        if self._observed:
+            self._emit(TimedOut(policy=self.name, seconds=seconds))
+        error = Timeout.__new__(Timeout, seconds)
+        PolicyBase.__init__(error, name=self.name)
+        error.seconds = seconds
+        error._clock = self._clock
+        error._timed_out = 0
+        error._fake_timers = self._fake_timers
+        ResilienceError.__init__(error, f"timed out after {seconds:g}s")
+        return error
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Timeout, (self.seconds,))
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else f"timed out after {self.seconds:g}s"
+
+    def __repr__(self) -> str:
+        return f"Timeout({self.seconds:g})"
+
+    def _budget(self) -> float:
+        """This call's limit: ``seconds`` clamped to the ambient deadline."""
+        current = _deadline.current_deadline()
+        if current is None:
+            return self.seconds
+        return min(self.seconds, current.remaining())
+
+    # -- sync -------------------------------------------------------------------------
+
+    def call(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+        """Run ``fn(*args, **kwargs)``; raise Timeout if it starts or ends past the limit."""
+        seconds = self._budget()
+        if seconds <= 0:
+            raise self._error(self.seconds)
+        clock = self._clock
+        entered, token = _deadline.push(seconds, clock)
+        try:
+            result = fn(*args, **kwargs)
+        finally:
+            _deadline.pop(token)
+        if clock.monotonic() > entered.at:
+            raise self._error(seconds)
+        return result
+
+    def __enter__(self) -> Timeout:
+        seconds = self._budget()
+        if seconds <= 0:
+            raise self._error(self.seconds)
+        entered, token = _deadline.push(seconds, self._clock)
+        state = [entered, token, seconds]
+        state.append(_ENTERED.set(state))
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        state = _ENTERED.get()
+        assert state is not None, "Timeout.__exit__ without __enter__"
+        entered, token, seconds, own = state
+        _ENTERED.reset(own)
+        _deadline.pop(token)
+        if exc_type is None and self._clock.monotonic() > entered.at:
+            raise self._error(seconds)
+
+    # -- async ------------------------------------------------------------------------
+
+    async def call_async(self, fn: Callable[..., Awaitable[T]], /, *args: Any, **kwargs: Any) -> T:
+        """Run ``await fn(*args, **kwargs)``, cancelling it at the limit."""
+        seconds = self._budget()
+        if seconds <= 0:
+            raise self._error(self.seconds)
+        _, token = _deadline.push(seconds, self._clock)
+        try:
+            if self._fake_timers:
+                return await self._call_fake(seconds, fn, args, kwargs)
+            loop = _get_running_loop()
+            if loop is None:  # trio (or another anyio backend)
+                return await self._call_anyio(seconds, fn, args, kwargs)
+            task = asyncio.current_task(loop)
+            assert task is not None
+            expiry = _Expiry(task)
+            handle = loop.call_at(loop.time() + seconds, expiry)
+            cancelling = task.cancelling()
+            try:
+                result = await fn(*args, **kwargs)
+            except asyncio.CancelledError:
+                if expiry.fired and task.uncancel() <= cancelling:
+                    raise self._error(seconds) from None
+                raise
+            finally:
+                handle.cancel()
+            if expiry.fired:
+                # The timer fired as the call finished: take back our cancel request.
+                task.uncancel()
+            return result
+        finally:
+            _deadline.pop(token)
+
+    async def _call_anyio(
+        self, seconds: float, fn: Callable[..., Awaitable[T]], args: Any, kwargs: Any
+    ) -> T:
+        with anyio.CancelScope(deadline=anyio.current_time() + seconds) as scope:
+            return await fn(*args, **kwargs)
+        assert scope.cancelled_caught
+        raise self._error(seconds)
+
+    async def _call_fake(
+        self, seconds: float, fn: Callable[..., Awaitable[T]], args: Any, kwargs: Any
+    ) -> T:
+        # The clock's timers fire when virtual time passes the deadline.
+        with anyio.CancelScope() as scope:
+            handle = self._clock.call_at(  # type: ignore[attr-defined]
+                self._clock.monotonic() + seconds, scope.cancel
+            )
+            try:
+                return await fn(*args, **kwargs)
+            finally:
+                handle.cancel()
+        raise self._error(seconds)
+
+    async def __aenter__(self) -> Timeout:
+        seconds = self._budget()
+        if seconds <= 0:
+            raise self._error(self.seconds)
+        entered, token = _deadline.push(seconds, self._clock)
+        if self._fake_timers:
+            scope = anyio.CancelScope()
+            handle = self._clock.call_at(entered.at, scope.cancel)  # type: ignore[attr-defined]
+        else:
+            scope = anyio.CancelScope(deadline=anyio.current_time() + seconds)
+            handle = None
+        scope.__enter__()
+        state = [scope, handle, token, seconds]
+        state.append(_ENTERED.set(state))
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        state = _ENTERED.get()
+        assert state is not None, "Timeout.__aexit__ without __aenter__"
+        scope, handle, token, seconds, own = state
+        _ENTERED.reset(own)
+        _deadline.pop(token)
+        if handle is not None:
+            handle.cancel()
+        suppressed = scope.__exit__(exc_type, exc, tb)
+        if scope.cancelled_caught:
+            raise self._error(seconds)
+        return bool(suppressed)
+
+    def statistics(self) -> TimeoutStatistics:
+        """How many calls this policy timed out.
+
+        Example: ``rs.Timeout(1).statistics().timed_out == 0``
+        """
+        return TimeoutStatistics(self._timed_out)

@@ -1,0 +1,58 @@
+"""FakeClock and the ambient deadline."""
+
+from __future__ import annotations
+
+import pytest
+
+import resilience as rs
+from resilience.testing import FakeClock
+
+
+def test_fake_clock_moves_only_when_told() -> None:
+    """monotonic() changes through advance() and sleeps only."""
+    clock = FakeClock(start=10)
+    assert clock.monotonic() == 10
+    clock.advance(2.5)
+    clock.sleep(0.5)
+    assert clock.monotonic() == 13
+    assert clock.sleeps == [0.5]
+    with pytest.raises(ValueError, match="never goes back"):
+        clock.advance(-1)
+
+
+def test_fake_clock_fires_timers_in_order() -> None:
+    """call_at callbacks run in time order when advance() passes them; cancelled ones don't."""
+    clock = FakeClock()
+    fired: list[tuple[str, float]] = []
+    clock.call_at(2, lambda: fired.append(("b", clock.monotonic())))
+    clock.call_at(1, lambda: fired.append(("a", clock.monotonic())))
+    clock.call_at(1.5, lambda: fired.append(("x", 0))).cancel()
+    clock.advance(3)
+    assert fired == [("a", 1.0), ("b", 2.0)]
+
+
+@pytest.mark.anyio
+async def test_fake_clock_async_sleep_is_instant() -> None:
+    """sleep_async advances virtual time and returns at once (asyncio and trio)."""
+    clock = FakeClock()
+    await clock.sleep_async(3600)
+    assert clock.monotonic() == 3600
+
+
+def test_deadlines_only_shrink(fake_clock: FakeClock) -> None:
+    """A longer deadline inside a shorter one keeps the shorter."""
+    assert rs.time_remaining() is None
+    with rs.deadline(1.0, clock=fake_clock):
+        with rs.deadline(5.0, clock=fake_clock):
+            assert rs.time_remaining() == 1.0
+        with rs.deadline(0.25, clock=fake_clock):
+            assert rs.time_remaining() == 0.25
+        fake_clock.advance(0.5)
+        assert rs.time_remaining() == 0.5
+    assert rs.current_deadline() is None
+
+
+def test_negative_deadline_is_refused() -> None:
+    """rs.deadline() needs a non-negative number of seconds."""
+    with pytest.raises(rs.ConfigurationError), rs.deadline(-1):
+        pass

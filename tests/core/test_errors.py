@@ -1,0 +1,47 @@
+"""The exception tree of DESIGN.md §4."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+import resilience as rs
+
+
+@pytest.mark.parametrize("cls", [rs.RateLimited, rs.CircuitOpen, rs.BulkheadFull])
+def test_rejections_are_rejected_and_carry_retry_after(cls: type[rs.Rejected]) -> None:
+    """Every refusal is a Rejected, a ResilienceError, and keeps retry_after."""
+    error = cls(retry_after=1.5)
+    assert isinstance(error, rs.Rejected)
+    assert isinstance(error, rs.ResilienceError)
+    assert error.retry_after == 1.5
+    assert "1.500" in str(error)
+
+
+def test_rejected_pickles_with_retry_after() -> None:
+    """Rejections cross process boundaries intact."""
+    error = pickle.loads(pickle.dumps(rs.RateLimited("slow down", retry_after=2.0)))
+    assert isinstance(error, rs.RateLimited)
+    assert (str(error), error.retry_after) == ("slow down", 2.0)
+
+
+def test_timeout_is_a_timeout_error() -> None:
+    """rs.Timeout is a ResilienceError and a builtin TimeoutError."""
+    assert issubclass(rs.Timeout, rs.ResilienceError)
+    assert issubclass(rs.Timeout, TimeoutError)
+    assert rs.errors.Timeout is rs.Timeout
+
+
+def test_configuration_error_is_a_value_error() -> None:
+    """Bad arguments raise an error catchable as ValueError."""
+    with pytest.raises(ValueError, match="attempts must be an integer >= 1, got 0"):
+        rs.Retry(on=OSError, attempts=0)
+
+
+@pytest.mark.parametrize(
+    "cls", [rs.BackendError, rs.InjectedFault, rs.ConfigurationError, rs.Rejected]
+)
+def test_every_error_is_a_resilience_error(cls: type[Exception]) -> None:
+    """One base class catches everything the library raises."""
+    assert issubclass(cls, rs.ResilienceError)

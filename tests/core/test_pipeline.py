@@ -1,0 +1,217 @@
+"""Decorating and composing: metadata, methods, order, flattening and order warnings."""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+from typing import Any
+
+import pytest
+
+import resilience as rs
+from resilience.testing import FakeClock
+
+
+class Recorder(rs.PolicyBase):
+    """A policy that logs entry and exit, and the call's arguments."""
+
+    def __init__(self, label: str, log: list[Any]) -> None:
+        super().__init__(name=label)
+        self.log = log
+
+    def call(self, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+        self.log.append((self.name, "in", args, kwargs))
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            self.log.append((self.name, "out"))
+
+    async def call_async(self, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+        self.log.append((self.name, "in", args, kwargs))
+        try:
+            return await fn(*args, **kwargs)
+        finally:
+            self.log.append((self.name, "out"))
+
+
+def test_decorator_keeps_name_doc_and_signature() -> None:
+    """functools.wraps semantics: name, doc and inspect.signature survive."""
+
+    def fetch(url: str, *, timeout: float = 1.0) -> bytes:
+        """Fetch a URL."""
+        return b""
+
+    wrapped = rs.Retry(on=OSError)(fetch)
+    assert wrapped.__name__ == "fetch"
+    assert wrapped.__doc__ == "Fetch a URL."
+    assert inspect.signature(wrapped) == inspect.signature(fetch)
+    assert list(inspect.signature(wrapped).parameters) == ["url", "timeout"]
+
+
+@pytest.mark.anyio
+async def test_async_functions_stay_coroutine_functions() -> None:
+    """Decorating async def gives an async def."""
+
+    @rs.Timeout(1)
+    async def ping() -> str:
+        return "pong"
+
+    assert inspect.iscoroutinefunction(ping)
+    assert await ping() == "pong"
+
+
+def test_methods_of_every_kind() -> None:
+    """Instance, class and static methods can be decorated, above or below the builtin."""
+    retry = rs.Retry(on=OSError)
+
+    class Client:
+        base = "c"
+
+        @retry
+        def instance(self, x: int) -> str:
+            return f"{self.base}{x}"
+
+        @retry
+        @classmethod
+        def klass(cls, x: int) -> str:
+            return f"{cls.base}{x}"
+
+        @classmethod
+        @retry
+        def klass_below(cls, x: int) -> str:
+            return f"{cls.base}{x}"
+
+        @retry
+        @staticmethod
+        def static(x: int) -> str:
+            return f"s{x}"
+
+    client = Client()
+    assert client.instance(1) == "c1"
+    assert Client.klass(2) == "c2"
+    assert Client.klass_below(3) == "c3"
+    assert Client.static(4) == "s4"
+
+
+def test_pipeline_runs_outermost_first_and_passes_arguments() -> None:
+    """Pipeline(a, b) is a around b around the call; every layer sees the arguments."""
+    log: list[Any] = []
+    pipeline = rs.Pipeline(Recorder("a", log), Recorder("b", log))
+
+    @pipeline
+    def add(x: int, y: int = 0) -> int:
+        return x + y
+
+    assert add(1, y=2) == 3
+    assert log == [
+        ("a", "in", (1,), {"y": 2}),
+        ("b", "in", (1,), {"y": 2}),
+        ("b", "out"),
+        ("a", "out"),
+    ]
+
+
+@pytest.mark.anyio
+async def test_pipeline_async_and_direct_call() -> None:
+    """call_async runs the chain for coroutine functions; call() works without decorating."""
+    log: list[Any] = []
+    pipeline = rs.Pipeline(Recorder("a", log), Recorder("b", log))
+
+    async def double(x: int) -> int:
+        return 2 * x
+
+    assert await pipeline.call_async(double, 4) == 8
+    assert pipeline.call(lambda x: x + 1, 1) == 2
+    assert [entry[0] for entry in log[:2]] == ["a", "b"]
+
+
+def test_nested_pipelines_are_flattened() -> None:
+    """A pipeline inside a pipeline contributes its policies in place."""
+    a, b, c = rs.Fallback(1), rs.Retry(on=OSError), rs.Fallback(2)
+    assert rs.Pipeline(a, rs.Pipeline(b, c)).policies == (a, b, c)
+
+
+def test_non_policies_are_refused() -> None:
+    """Only objects with call/call_async compose."""
+    with pytest.raises(rs.ConfigurationError, match="call"):
+        rs.Pipeline(object())
+
+
+def test_retry_around_timeout_without_total_deadline_warns() -> None:
+    """Retry(no deadline) around a per-attempt Timeout warns, pointing at the user's line."""
+    with pytest.warns(rs.PipelineOrderWarning, match="no total deadline") as record:
+        rs.Pipeline(rs.Retry(on=TimeoutError), rs.Timeout(1))
+    assert record[0].filename == __file__
+
+
+def test_retry_with_deadline_or_outer_timeout_does_not_warn() -> None:
+    """A total deadline anywhere outside makes the order fine."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        rs.Pipeline(rs.Retry(on=TimeoutError, deadline=5), rs.Timeout(1))
+        rs.Pipeline(rs.Timeout(5), rs.Retry(on=TimeoutError), rs.Timeout(1))
+
+
+class Limiter(rs.PolicyBase):
+    """A stand-in for a policy that refuses calls."""
+
+    raises_rejected = True
+
+    def call(self, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **kwargs)
+
+    async def call_async(self, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+        return await fn(*args, **kwargs)
+
+
+def test_retry_ignoring_retry_after_around_rejecting_policy_warns() -> None:
+    """Retrying rejections without honouring retry_after hammers the limiter: warn."""
+    with pytest.warns(rs.PipelineOrderWarning, match="retry_after"):
+        rs.Pipeline(rs.Retry(on=Exception, respect_retry_after=False), Limiter())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        rs.Pipeline(rs.Retry(on=Exception), Limiter())
+        rs.Pipeline(rs.Retry(on=OSError, respect_retry_after=False), Limiter())
+
+
+def test_recommended_pipeline_degrades_end_to_end(fake_clock: FakeClock) -> None:
+    """Fallback -> Retry(deadline) -> Timeout: a dead dependency yields the fallback."""
+    calls = 0
+
+    def dead() -> str:
+        nonlocal calls
+        calls += 1
+        fake_clock.advance(0.4)
+        raise ConnectionError
+
+    pipeline = rs.Pipeline(
+        rs.Fallback("stale", on=(ConnectionError, rs.Timeout)),
+        rs.Retry(on=ConnectionError, attempts=5, deadline=1.0, clock=fake_clock),
+        rs.Timeout(0.5, clock=fake_clock),
+    )
+    assert pipeline(dead)() == "stale"
+    assert 1 <= calls <= 3
+
+
+def test_failing_listener_never_breaks_the_call(caplog: pytest.LogCaptureFixture) -> None:
+    """A listener that raises is logged; the call still returns."""
+    fallback = rs.Fallback("ok")
+
+    def broken(event: rs.Event) -> None:
+        raise RuntimeError("listener bug")
+
+    fallback.add_listener(broken)
+    assert fallback(lambda: (_ for _ in ()).throw(rs.Rejected()))() == "ok"
+    assert "listener" in caplog.text
+
+
+def test_global_listeners_see_every_policy() -> None:
+    """rs.add_listener receives events of all policies until removed."""
+    seen: list[rs.Event] = []
+    rs.add_listener(seen.append)
+    try:
+        rs.Fallback(0)(lambda: (_ for _ in ()).throw(rs.Rejected()))()
+    finally:
+        rs.remove_listener(seen.append)
+    rs.Fallback(0)(lambda: (_ for _ in ()).throw(rs.Rejected()))()
+    assert len(seen) == 1

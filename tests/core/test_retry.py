@@ -1,0 +1,304 @@
+"""Retry: attempts, backoff, deadlines, retry_after hints and budgets, on FakeClock."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import resilience as rs
+from resilience import backoff
+from resilience.testing import FakeClock, no_wait
+
+
+class Flaky:
+    """Fails ``failures`` times with ``error``, then returns ``"ok"``."""
+
+    def __init__(self, failures: int, error: Exception | None = None) -> None:
+        self.failures = failures
+        self.error = error or ConnectionError("boom")
+        self.calls = 0
+
+    def __call__(self, *args: Any, **kwargs: Any) -> str:
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise self.error
+        return "ok"
+
+
+def test_sleeps_follow_the_backoff_schedule(fake_clock: FakeClock) -> None:
+    """The delays slept are exactly the schedule's first values."""
+    schedule = backoff.full_jitter(0.1, cap=5.0, seed=42)
+    expected = list(itertools.islice(backoff.full_jitter(0.1, cap=5.0, seed=42), 3))
+    retry = rs.Retry(on=ConnectionError, attempts=4, backoff=schedule, clock=fake_clock)
+    assert retry(Flaky(3))() == "ok"
+    assert fake_clock.sleeps == pytest.approx(expected)
+
+
+def test_gives_up_after_attempts_and_reraises_last_error(fake_clock: FakeClock) -> None:
+    """attempts counts the first call; the last original exception propagates."""
+    flaky = Flaky(10)
+    retry = rs.Retry(on=ConnectionError, attempts=3, clock=fake_clock)
+    with pytest.raises(ConnectionError, match="boom"):
+        retry(flaky)()
+    assert flaky.calls == 3
+    assert retry.statistics().exhausted == 1
+
+
+def test_unmatched_errors_are_not_retried(fake_clock: FakeClock) -> None:
+    """An exception outside on= propagates after one attempt."""
+    flaky = Flaky(1, KeyError("k"))
+    with pytest.raises(KeyError):
+        rs.Retry(on=ConnectionError, clock=fake_clock)(flaky)()
+    assert flaky.calls == 1
+
+
+def test_predicate_selects_errors(fake_clock: FakeClock) -> None:
+    """on= may be a predicate of the exception."""
+    flaky = Flaky(2, OSError(503, "busy"))
+    retry = rs.Retry(on=lambda e: getattr(e, "errno", None) == 503, clock=fake_clock)
+    assert retry(flaky)() == "ok"
+
+
+def test_retries_on_result_and_returns_last_result_when_exhausted(fake_clock: FakeClock) -> None:
+    """on_result retries bad results; when attempts run out the last result is returned."""
+    results = iter([503, 503, 200])
+    retry = rs.Retry(on=OSError, on_result=lambda r: r >= 500, clock=fake_clock)
+    assert retry(lambda: next(results))() == 200
+    always = rs.Retry(on=OSError, on_result=lambda r: r >= 500, attempts=2, clock=fake_clock)
+    assert always(lambda: 503)() == 503
+
+
+def test_retry_after_hint_lengthens_the_wait(fake_clock: FakeClock) -> None:
+    """A Rejected's retry_after wins over a shorter backoff delay."""
+    flaky = Flaky(1, rs.RateLimited(retry_after=2.5))
+    retry = rs.Retry(on=rs.Rejected, backoff=backoff.constant(0.1), clock=fake_clock)
+    assert retry(flaky)() == "ok"
+    assert fake_clock.sleeps == [2.5]
+
+
+def test_any_exception_with_numeric_retry_after_is_honoured(fake_clock: FakeClock) -> None:
+    """Duck-typed retry_after on any exception counts too."""
+    error = ConnectionError("429")
+    error.retry_after = 1.25  # type: ignore[attr-defined]
+    retry = rs.Retry(on=ConnectionError, backoff=backoff.constant(0.0), clock=fake_clock)
+    assert retry(Flaky(1, error))() == "ok"
+    assert fake_clock.sleeps == [1.25]
+
+
+def test_retry_after_beyond_deadline_gives_up_at_once(fake_clock: FakeClock) -> None:
+    """If max(backoff, retry_after) overruns the deadline, no sleep starts."""
+    flaky = Flaky(1, rs.RateLimited(retry_after=10))
+    retry = rs.Retry(on=rs.Rejected, deadline=5, clock=fake_clock)
+    with pytest.raises(rs.RateLimited):
+        retry(flaky)()
+    assert fake_clock.sleeps == []
+    assert flaky.calls == 1
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    attempts=st.integers(1, 8),
+    deadline=st.one_of(st.none(), st.floats(0.01, 20)),
+    call_cost=st.floats(0, 3),
+    seed=st.integers(0, 1000),
+    hints=st.lists(st.one_of(st.none(), st.floats(0, 10)), min_size=8, max_size=8),
+)
+def test_never_exceeds_attempts_or_sleeps_past_deadline(
+    attempts: int, deadline: float | None, call_cost: float, seed: int, hints: list[float | None]
+) -> None:
+    """Property: attempts are bounded and no sleep ends after the deadline."""
+    clock = FakeClock()
+    calls = 0
+
+    def always_fails() -> None:
+        nonlocal calls
+        hint = hints[calls % len(hints)]
+        calls += 1
+        clock.advance(call_cost)
+        raise rs.RateLimited(retry_after=hint)
+
+    retry = rs.Retry(
+        on=rs.Rejected,
+        attempts=attempts,
+        deadline=deadline,
+        backoff=backoff.full_jitter(0.5, cap=4, seed=seed),
+        clock=clock,
+    )
+    ends: list[float] = []
+    retry.add_listener(
+        lambda e: (
+            ends.append(clock.monotonic() + e.delay) if isinstance(e, rs.RetryScheduled) else None
+        )
+    )
+    with pytest.raises(rs.RateLimited):
+        retry(always_fails)()
+    assert calls <= attempts
+    if deadline is not None:
+        assert all(end <= deadline + 1e-9 for end in ends)
+
+
+def test_budget_caps_retries_under_total_failure(fake_clock: FakeClock) -> None:
+    """1,000 failing calls with a 20% budget make <= 1.2 × 1,000 + the floor attempts."""
+    budget = rs.RetryBudget(ratio=0.2, min_per_second=1.0, window=10, clock=fake_clock)
+    attempts = 0
+
+    def down() -> None:
+        nonlocal attempts
+        attempts += 1
+        raise ConnectionError
+
+    retry = rs.Retry(on=ConnectionError, attempts=3, budget=budget, clock=fake_clock)
+    wrapped = retry(down)
+    with no_wait():
+        for _ in range(1000):
+            with pytest.raises(ConnectionError):
+                wrapped()
+    floor = 1.0 * 10
+    assert attempts <= 1.2 * 1000 + floor
+    assert attempts >= 1000 + 0.2 * 1000 - 1  # the budget is spent, not starved
+    assert retry.statistics().budget_refusals > 0
+
+
+def test_without_budget_every_attempt_runs(fake_clock: FakeClock) -> None:
+    """The same outage without a budget costs 3 attempts per call."""
+    attempts = 0
+
+    def down() -> None:
+        nonlocal attempts
+        attempts += 1
+        raise ConnectionError
+
+    wrapped = rs.Retry(on=ConnectionError, attempts=3, clock=fake_clock)(down)
+    with no_wait():
+        for _ in range(1000):
+            with pytest.raises(ConnectionError):
+                wrapped()
+    assert attempts == 3000
+
+
+def test_budget_refusal_emits_event(fake_clock: FakeClock) -> None:
+    """An empty budget skips the retry with a RetryBudgetExhausted event."""
+    budget = rs.RetryBudget(ratio=0.0, min_per_second=0.0, clock=fake_clock)
+    retry = rs.Retry(on=ConnectionError, budget=budget, clock=fake_clock)
+    events: list[rs.Event] = []
+    retry.add_listener(events.append)
+    with pytest.raises(ConnectionError):
+        retry(Flaky(5))()
+    assert any(isinstance(e, rs.RetryBudgetExhausted) for e in events)
+    exhausted = [e for e in events if isinstance(e, rs.RetriesExhausted)]
+    assert exhausted[0].reason == "budget"
+
+
+def test_no_wait_is_scoped(fake_clock: FakeClock) -> None:
+    """no_wait() zeroes sleeps inside its block only."""
+    retry = rs.Retry(on=ConnectionError, backoff=backoff.constant(1.0), clock=fake_clock)
+    with no_wait():
+        retry(Flaky(1))()
+    retry(Flaky(1))()
+    assert fake_clock.sleeps == [0.0, 1.0]
+
+
+def test_ambient_deadline_limits_retries(fake_clock: FakeClock) -> None:
+    """An outer rs.deadline() stops a retry whose next sleep would overrun it."""
+    retry = rs.Retry(
+        on=ConnectionError, attempts=10, backoff=backoff.constant(1.0), clock=fake_clock
+    )
+    flaky = Flaky(100)
+    with rs.deadline(2.5, clock=fake_clock), pytest.raises(ConnectionError):
+        retry(flaky)()
+    assert flaky.calls == 3
+    assert fake_clock.monotonic() == 2.0
+
+
+def test_cancellation_like_base_exceptions_pass_through(fake_clock: FakeClock) -> None:
+    """KeyboardInterrupt is never retried, even with a catch-all predicate."""
+    calls = 0
+
+    def interrupted() -> None:
+        nonlocal calls
+        calls += 1
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        rs.Retry(on=lambda e: True, clock=fake_clock)(interrupted)()
+    assert calls == 1
+
+
+def test_events_report_each_retry(fake_clock: FakeClock) -> None:
+    """RetryScheduled is emitted per retry with its attempt number and delay."""
+    retry = rs.Retry(on=ConnectionError, backoff=backoff.constant(0.5), clock=fake_clock)
+    events: list[rs.Event] = []
+    retry.add_listener(events.append)
+    retry(Flaky(2))()
+    scheduled = [e for e in events if isinstance(e, rs.RetryScheduled)]
+    assert [(e.attempt, e.delay) for e in scheduled] == [(1, 0.5), (2, 0.5)]
+    assert retry.statistics() == rs.RetryStatistics(
+        retries=2, recovered=1, exhausted=0, budget_refusals=0
+    )
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"on": OSError, "attempts": 0}, "attempts"),
+        ({"on": OSError, "deadline": 0}, "deadline must be > 0"),
+        ({"on": 42}, "on must be"),
+        ({"on": (OSError, "x")}, "on must be exception types"),
+        ({"on": OSError, "backoff": 3}, "backoff must be an iterable"),
+        ({"on": OSError, "budget": object()}, "budget must be a RetryBudget"),
+    ],
+)
+def test_bad_arguments(kwargs: dict[str, Any], message: str) -> None:
+    """Invalid configuration fails at construction with a message naming the argument."""
+    with pytest.raises(rs.ConfigurationError, match=message):
+        rs.Retry(**kwargs)
+
+
+def test_on_is_required() -> None:
+    """Retry has no default for on=: retrying everything is a choice, not a default."""
+    with pytest.raises(TypeError):
+        rs.Retry()  # type: ignore[call-arg]
+
+
+@pytest.mark.anyio
+async def test_async_retry_sleeps_on_the_clock(fake_clock: FakeClock) -> None:
+    """The async shell retries with the same schedule, on asyncio and trio."""
+    calls = 0
+
+    async def flaky() -> str:
+        nonlocal calls
+        calls += 1
+        if calls < 3:
+            raise ConnectionError
+        return "ok"
+
+    retry = rs.Retry(on=ConnectionError, backoff=backoff.constant(0.2), clock=fake_clock)
+    assert await retry(flaky)() == "ok"
+    assert fake_clock.sleeps == [0.2, 0.2]
+
+
+@pytest.mark.anyio
+async def test_async_retry_gives_up_at_deadline(fake_clock: FakeClock) -> None:
+    """The async shell respects its total deadline like the sync one."""
+    calls = 0
+
+    async def down() -> None:
+        nonlocal calls
+        calls += 1
+        raise ConnectionError
+
+    retry = rs.Retry(
+        on=ConnectionError,
+        attempts=50,
+        deadline=1.0,
+        backoff=backoff.constant(0.3),
+        clock=fake_clock,
+    )
+    with pytest.raises(ConnectionError):
+        await retry(down)()
+    assert calls == 4
+    assert fake_clock.monotonic() <= 1.0

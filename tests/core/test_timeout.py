@@ -1,0 +1,199 @@
+"""Timeout: async calls are cut at the limit; sync calls are checked around the call."""
+
+from __future__ import annotations
+
+import asyncio
+
+import anyio
+import pytest
+
+import resilience as rs
+from resilience.testing import FakeClock
+
+
+@pytest.mark.anyio
+async def test_async_call_is_cancelled_at_the_virtual_limit(fake_clock: FakeClock) -> None:
+    """With a FakeClock, a call sleeping past the limit is cut exactly at it."""
+    finished = False
+
+    @rs.Timeout(1.0, clock=fake_clock)
+    async def slow() -> None:
+        nonlocal finished
+        await fake_clock.sleep_async(5)
+        finished = True
+
+    with pytest.raises(rs.Timeout) as caught:
+        await slow()
+    assert isinstance(caught.value, TimeoutError)
+    assert not finished
+
+
+@pytest.mark.anyio
+async def test_async_call_within_limit_returns(fake_clock: FakeClock) -> None:
+    """A call that finishes in time returns its value."""
+
+    @rs.Timeout(1.0, clock=fake_clock)
+    async def quick() -> int:
+        await fake_clock.sleep_async(0.5)
+        return 7
+
+    assert await quick() == 7
+
+
+@pytest.mark.anyio
+async def test_async_call_is_cancelled_on_the_real_loop() -> None:
+    """On the system clock the event loop's timer cancels a hung call."""
+
+    @rs.Timeout(0.05)
+    async def hangs() -> None:
+        await anyio.sleep_forever()
+
+    with anyio.fail_after(5):  # the test itself must not hang
+        with pytest.raises(rs.Timeout):
+            await hangs()
+
+
+@pytest.mark.anyio
+async def test_async_context_manager_cancels_its_block() -> None:
+    """async with rs.Timeout(s) cuts the enclosed block."""
+    timeout = rs.Timeout(0.05)
+    with anyio.fail_after(5), pytest.raises(rs.Timeout):
+        async with timeout:
+            await anyio.sleep_forever()
+
+
+@pytest.mark.anyio
+async def test_outer_cancellation_is_not_turned_into_timeout() -> None:
+    """A cancel from outside the policy stays a cancellation."""
+    timeout = rs.Timeout(10)
+    reached = False
+    with anyio.move_on_after(0.05) as scope:
+
+        @timeout
+        async def hangs() -> None:
+            await anyio.sleep_forever()
+
+        await hangs()
+        reached = True
+    assert scope.cancelled_caught
+    assert not reached
+    assert timeout.statistics().timed_out == 0
+
+
+def test_task_keeps_running_normally_after_an_asyncio_timeout() -> None:
+    """After a Timeout on asyncio the task has no pending cancellation left."""
+
+    async def main() -> str:
+        @rs.Timeout(0.01)
+        async def hangs() -> None:
+            await asyncio.sleep(10)
+
+        with pytest.raises(rs.Timeout):
+            await hangs()
+        task = asyncio.current_task()
+        assert task is not None
+        assert task.cancelling() == 0
+        await asyncio.sleep(0.001)  # would raise CancelledError if a cancel were pending
+        return "alive"
+
+    assert asyncio.run(main()) == "alive"
+
+
+def test_sync_overrun_raises_and_discards_result(fake_clock: FakeClock) -> None:
+    """A sync call that returns after its limit raises Timeout instead of returning."""
+
+    @rs.Timeout(1.0, clock=fake_clock)
+    def slow() -> int:
+        fake_clock.advance(2)
+        return 1
+
+    with pytest.raises(rs.Timeout):
+        slow()
+
+
+def test_sync_call_is_not_started_past_the_deadline(fake_clock: FakeClock) -> None:
+    """When the ambient deadline has passed, the sync call is not made."""
+    calls = 0
+
+    @rs.Timeout(1.0, clock=fake_clock)
+    def work() -> None:
+        nonlocal calls
+        calls += 1
+
+    with rs.deadline(0.5, clock=fake_clock):
+        fake_clock.advance(0.6)
+        with pytest.raises(rs.Timeout):
+            work()
+    assert calls == 0
+
+
+def test_sync_timeout_sets_the_ambient_deadline(fake_clock: FakeClock) -> None:
+    """Inside a sync Timeout the remaining time is visible to inner policies."""
+    seen: list[float | None] = []
+
+    @rs.Timeout(2.0, clock=fake_clock)
+    def work() -> None:
+        fake_clock.advance(0.5)
+        seen.append(rs.time_remaining())
+
+    work()
+    assert seen == [pytest.approx(1.5)]
+
+
+def test_inner_timeout_clamps_to_outer_deadline(fake_clock: FakeClock) -> None:
+    """An inner Timeout(10) inside a 1 s deadline gives up at 1 s."""
+    with rs.deadline(1.0, clock=fake_clock):
+
+        @rs.Timeout(10, clock=fake_clock)
+        def work() -> None:
+            fake_clock.advance(1.5)
+
+        with pytest.raises(rs.Timeout, match="timed out after 1s"):
+            work()
+
+
+def test_sync_context_manager(fake_clock: FakeClock) -> None:
+    """with rs.Timeout(s): raises at exit if the block overran."""
+    timeout = rs.Timeout(1.0, clock=fake_clock)
+    with timeout:
+        fake_clock.advance(0.5)
+    with pytest.raises(rs.Timeout), timeout:
+        fake_clock.advance(1.5)
+
+
+def test_retry_inside_timeout_stops_before_the_deadline(fake_clock: FakeClock) -> None:
+    """Retry does not start a sleep that would overrun an enclosing Timeout."""
+    calls = 0
+
+    def down() -> None:
+        nonlocal calls
+        calls += 1
+        raise ConnectionError
+
+    pipeline = rs.Pipeline(
+        rs.Timeout(2.0, clock=fake_clock),
+        rs.Retry(
+            on=ConnectionError, attempts=100, backoff=rs.backoff.constant(0.6), clock=fake_clock
+        ),
+    )
+    with pytest.raises(ConnectionError):
+        pipeline(down)()
+    assert calls == 4  # at 0, 0.6, 1.2, 1.8; the next sleep would end at 2.4
+
+
+def test_timed_out_event(fake_clock: FakeClock) -> None:
+    """TimedOut is emitted with the limit that was applied."""
+    timeout = rs.Timeout(1.0, clock=fake_clock)
+    events: list[rs.Event] = []
+    timeout.add_listener(events.append)
+    with pytest.raises(rs.Timeout):
+        timeout(lambda: fake_clock.advance(3))()
+    assert events == [rs.TimedOut(policy="Timeout", seconds=1.0)]
+    assert timeout.statistics().timed_out == 1
+
+
+@pytest.mark.parametrize("seconds", [0, -1, float("nan"), "1"])
+def test_bad_seconds(seconds: object) -> None:
+    """The limit must be a positive number."""
+    with pytest.raises(rs.ConfigurationError, match="seconds"):
+        rs.Timeout(seconds)  # type: ignore[arg-type]
