@@ -36,7 +36,7 @@ chaos: $(STAMP)
 	RESILIENCE_CHAOS_LONG=1 $(BIN)/python -m tests.chaos
 
 docs: $(STAMP)
-	$(BIN)/mkdocs build --strict
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 clean:
 	rm -rf $(VENV) site .mypy_cache .ruff_cache .pytest_cache .hypothesis

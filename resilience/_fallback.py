@@ -82,15 +82,7 @@ class Fallback(PolicyBase):
         except Exception as exc:
             if not self._matches(exc):
                 raise
-            result = self._degraded(exc)
-            if inspect.isawaitable(result):
-                close = getattr(result, "close", None)
-                if close is not None:
-                    close()
-                raise TypeError(
-                    "an async fallback cannot serve a sync function; give a sync callable"
-                ) from exc
-            return result  # type: ignore[no-any-return]
+            return self._degraded_sync(exc)  # type: ignore[no-any-return]
 
     async def call_async(self, fn: Callable[..., Awaitable[T]], /, *args: Any, **kwargs: Any) -> T:
         """Run ``await fn(*args, **kwargs)``; on a matching error return the fallback."""
@@ -99,10 +91,51 @@ class Fallback(PolicyBase):
         except Exception as exc:
             if not self._matches(exc):
                 raise
-            result = self._degraded(exc)
-            if inspect.isawaitable(result):
-                result = await result
-            return result  # type: ignore[no-any-return]
+            return await self._degraded_async(exc)  # type: ignore[no-any-return]
+
+    def _wrap(self, fn: Callable[..., Any], is_async: bool) -> Callable[..., Any] | None:
+        """The decorator body: one ``try`` around the call (see ``decorate``)."""
+        matches = self._matches
+        if is_async:
+            degraded_async = self._degraded_async
+
+            async def fallback_async(*args: Any, **kwargs: Any) -> Any:
+                try:
+                    return await fn(*args, **kwargs)
+                except Exception as exc:
+                    if not matches(exc):
+                        raise
+                    return await degraded_async(exc)
+
+            return fallback_async
+        degraded = self._degraded_sync
+
+        def fallback_sync(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return fn(*args, **kwargs)
+            except Exception as exc:
+                if not matches(exc):
+                    raise
+                return degraded(exc)
+
+        return fallback_sync
+
+    async def _degraded_async(self, exc: Exception) -> Any:
+        result = self._degraded(exc)
+        if inspect.isawaitable(result):
+            result = await result
+        return result
+
+    def _degraded_sync(self, exc: Exception) -> Any:
+        result = self._degraded(exc)
+        if inspect.isawaitable(result):
+            close = getattr(result, "close", None)
+            if close is not None:
+                close()
+            raise TypeError(
+                "an async fallback cannot serve a sync function; give a sync callable"
+            ) from exc
+        return result
 
     def statistics(self) -> FallbackStatistics:
         """How many times the fallback was used.

@@ -76,12 +76,19 @@ def decorate(policy: Policy, fn: Callable[P, T]) -> Callable[P, T]:
         raise TypeError(
             f"{fn!r} is an async generator function: policies wrap calls that return once"
         )
-    if inspect.iscoroutinefunction(fn):
+    is_async = inspect.iscoroutinefunction(fn)
+    # A policy may offer a specialised wrapper body (same semantics as call/call_async,
+    # fewer layers); it returns None when its configuration needs the general path.
+    wrap = getattr(policy, "_wrap", None)
+    special = wrap(fn, is_async) if wrap is not None else None
+    if special is not None:
+        return cast(Callable[P, T], functools.wraps(fn)(special))
+    if is_async:
         call_async = policy.call_async
 
         @functools.wraps(fn)
         async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-            return await call_async(fn, *args, **kwargs)
+            return await call_async(fn, *args, **kwargs)  # type: ignore[arg-type]
 
         return cast(Callable[P, T], async_wrapper)
 
@@ -219,9 +226,15 @@ class Pipeline(PolicyBase):
             warnings.warn(message, PipelineOrderWarning, stacklevel=2)
 
     def _chain(self, fn: Callable[..., Any], *, is_async: bool) -> Callable[..., Any]:
-        # functools.partial is implemented in C: a layer costs one bound call, no closure.
+        # Each layer is the policy's own lean wrapper when it has one, otherwise a
+        # functools.partial of its call method (implemented in C: no closure per call).
         for policy in reversed(self.policies):
-            fn = functools.partial(policy.call_async if is_async else policy.call, fn)
+            wrap = getattr(policy, "_wrap", None)
+            special = wrap(fn, is_async) if wrap is not None else None
+            if special is not None:
+                fn = special
+            else:
+                fn = functools.partial(policy.call_async if is_async else policy.call, fn)
         return fn
 
     def call(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
@@ -244,6 +257,8 @@ class Pipeline(PolicyBase):
             return cast(Callable[P, T], type(fn)(self(fn.__func__)))
         if inspect.iscoroutinefunction(fn):
             chain_async = self._chain(fn, is_async=True)
+            if inspect.iscoroutinefunction(chain_async) and chain_async is not fn:
+                return cast(Callable[P, T], functools.wraps(fn)(chain_async))
 
             @functools.wraps(fn)
             async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -253,6 +268,9 @@ class Pipeline(PolicyBase):
         if not callable(fn):
             raise TypeError(f"a policy decorates a function or method, got {fn!r}")
         chain = self._chain(fn, is_async=False)
+        if inspect.isfunction(chain) and chain is not fn:
+            # The outermost layer is a fresh function: it can be the wrapper itself.
+            return cast(Callable[P, T], functools.wraps(fn)(chain))
 
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:

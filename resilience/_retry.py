@@ -180,29 +180,45 @@ class Retry(PolicyBase):
             _deadline.pop(token)
 
     def _call(self, fn: Callable[..., T], args: Any, kwargs: Any) -> T:
-        run: _Run | None = None
+        try:
+            result = fn(*args, **kwargs)
+        except Exception as exc:
+            return self._resume(fn, args, kwargs, exc, None)
+        if self._on_result is not None and self._on_result(result):
+            return self._resume(fn, args, kwargs, None, result)
+        return result
+
+    def _resume(
+        self,
+        fn: Callable[..., T],
+        args: Any,
+        kwargs: Any,
+        exc: Exception | None,
+        result: Any,
+    ) -> T:
+        """Carry on after a failed first attempt (the happy path never gets here)."""
+        run = self._start()
         while True:
-            try:
-                result = fn(*args, **kwargs)
-            except Exception as exc:
+            if exc is not None:
                 if not self._matches(exc):
-                    raise
-                if run is None:
-                    run = self._start()
+                    raise exc
                 delay = self._plan(run, exc)
                 if delay is None:
-                    raise
+                    raise exc
             else:
-                if self._on_result is None or not self._on_result(result):
-                    if run is not None:
-                        self._recovered += 1
-                    return result
-                if run is None:
-                    run = self._start()
                 delay = self._plan(run, None)
                 if delay is None:
-                    return result
+                    return result  # type: ignore[no-any-return]
             self._clock.sleep(delay)
+            try:
+                result = fn(*args, **kwargs)
+            except Exception as error:
+                exc = error
+                continue
+            exc = None
+            if self._on_result is None or not self._on_result(result):
+                self._recovered += 1
+                return result  # type: ignore[no-any-return]
 
     async def call_async(self, fn: Callable[..., Awaitable[T]], /, *args: Any, **kwargs: Any) -> T:
         """Run ``await fn(*args, **kwargs)``, retrying as configured."""
@@ -217,29 +233,74 @@ class Retry(PolicyBase):
             _deadline.pop(token)
 
     async def _call_async(self, fn: Callable[..., Awaitable[T]], args: Any, kwargs: Any) -> T:
-        run: _Run | None = None
+        try:
+            result = await fn(*args, **kwargs)
+        except Exception as exc:
+            return await self._resume_async(fn, args, kwargs, exc, None)
+        if self._on_result is not None and self._on_result(result):
+            return await self._resume_async(fn, args, kwargs, None, result)
+        return result
+
+    async def _resume_async(
+        self,
+        fn: Callable[..., Awaitable[T]],
+        args: Any,
+        kwargs: Any,
+        exc: Exception | None,
+        result: Any,
+    ) -> T:
+        """Carry on after a failed first attempt (the happy path never gets here)."""
+        run = self._start()
         while True:
-            try:
-                result = await fn(*args, **kwargs)
-            except Exception as exc:
+            if exc is not None:
                 if not self._matches(exc):
-                    raise
-                if run is None:
-                    run = self._start()
+                    raise exc
                 delay = self._plan(run, exc)
                 if delay is None:
-                    raise
+                    raise exc
             else:
-                if self._on_result is None or not self._on_result(result):
-                    if run is not None:
-                        self._recovered += 1
-                    return result
-                if run is None:
-                    run = self._start()
                 delay = self._plan(run, None)
                 if delay is None:
-                    return result
+                    return result  # type: ignore[no-any-return]
             await self._clock.sleep_async(delay)
+            try:
+                result = await fn(*args, **kwargs)
+            except Exception as error:
+                exc = error
+                continue
+            exc = None
+            if self._on_result is None or not self._on_result(result):
+                self._recovered += 1
+                return result  # type: ignore[no-any-return]
+
+    def _wrap(self, fn: Callable[..., Any], is_async: bool) -> Callable[..., Any] | None:
+        """A leaner decorator body for the common configuration (see ``decorate``).
+
+        Without budget, deadline or result predicate, the first attempt needs no
+        bookkeeping at all: the wrapper is one ``try`` around the call, and the retry
+        machinery is entered only after a failure.
+        """
+        if self.budget is not None or self.deadline is not None or self._on_result is not None:
+            return None
+        if is_async:
+            resume_async = self._resume_async
+
+            async def retry_async(*args: Any, **kwargs: Any) -> Any:
+                try:
+                    return await fn(*args, **kwargs)
+                except Exception as exc:
+                    return await resume_async(fn, args, kwargs, exc, None)
+
+            return retry_async
+        resume = self._resume
+
+        def retry_sync(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return fn(*args, **kwargs)
+            except Exception as exc:
+                return resume(fn, args, kwargs, exc, None)
+
+        return retry_sync
 
     def statistics(self) -> RetryStatistics:
         """Retries started, calls recovered, calls exhausted, budget refusals.

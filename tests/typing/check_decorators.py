@@ -1,0 +1,67 @@
+"""Static typing of the public API, checked by ``mypy --strict`` (``make typecheck``).
+
+Nothing here runs under pytest: it proves that decorating keeps signatures
+(``ParamSpec``) and return types, sync and async, functions and methods.
+"""
+
+from __future__ import annotations
+
+from typing import assert_type
+
+import resilience as rs
+
+retry = rs.Retry(on=ConnectionError, attempts=3)
+timeout = rs.Timeout(1.0)
+fallback = rs.Fallback("n/a")
+pipeline = rs.Pipeline(fallback, retry, timeout)
+
+
+@retry
+def fetch(url: str, *, attempts_hint: int = 0) -> bytes:
+    return url.encode()
+
+
+@timeout
+async def fetch_async(url: str) -> bytes:
+    return url.encode()
+
+
+@pipeline
+async def summarize(text: str, segments: int = 5) -> str:
+    return text[:segments]
+
+
+class Client:
+    @retry
+    def get(self, path: str) -> int:
+        return len(path)
+
+    @retry
+    @classmethod
+    def build(cls, name: str) -> Client:
+        return cls()
+
+    @retry
+    @staticmethod
+    def parse(raw: bytes) -> str:
+        return raw.decode()
+
+
+async def use() -> None:
+    assert_type(fetch("u"), bytes)
+    assert_type(fetch("u", attempts_hint=2), bytes)
+    assert_type(await fetch_async("u"), bytes)
+    assert_type(await summarize("text", segments=3), str)
+    assert_type(Client().get("/"), int)
+    assert_type(Client.build("x"), Client)
+    assert_type(Client.parse(b"x"), str)
+    assert_type(pipeline.call(len, "abc"), int)
+    with rs.deadline(1.0) as d:
+        assert_type(d, rs.Deadline)
+    stats = retry.statistics()
+    assert_type(stats.retries, int)
+
+
+def misuse() -> None:
+    fetch(1)  # type: ignore[arg-type]
+    fetch("u", unknown=1)  # type: ignore[call-arg]
