@@ -50,7 +50,6 @@ from .errors import (
 # -- exports added per area below (keep each block self-contained) --
 
 __all__ = [
-    "SYSTEM_CLOCK",
     "BackendError",
     "BackendFallback",
     "BackendRecovered",
@@ -76,10 +75,11 @@ __all__ = [
     "RetriesExhausted",
     "Retry",
     "RetryBudget",
-    "RetryBudgetStatistics",
     "RetryBudgetExhausted",
+    "RetryBudgetStatistics",
     "RetryScheduled",
     "RetryStatistics",
+    "SYSTEM_CLOCK",
     "StateChanged",
     "SystemClock",
     "TimedOut",

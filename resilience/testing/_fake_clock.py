@@ -17,7 +17,13 @@ __all__ = ["FakeClock", "TimerHandle"]
 
 @dataclass(order=True)
 class TimerHandle:
-    """A callback registered with :meth:`FakeClock.call_at`; ``cancel()`` removes it."""
+    """A callback registered with :meth:`FakeClock.call_at`; ``cancel()`` removes it.
+
+    Example::
+
+        handle = clock.call_at(5.0, lambda: print("five"))
+        handle.cancel()
+    """
 
     when: float
     seq: int

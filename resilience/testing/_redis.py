@@ -16,11 +16,22 @@ __all__ = ["RedisServer", "RedisUnavailable", "free_port", "resp_command"]
 
 
 class RedisUnavailable(RuntimeError):
-    """``redis-server`` is not installed or did not start."""
+    """``redis-server`` is not installed or did not start.
+
+    Example::
+
+        try:
+            server = RedisServer().start()
+        except RedisUnavailable:
+            pytest.skip("no redis-server")
+    """
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    """A TCP port on 127.0.0.1 that nothing listens on right now.
+
+    Example: ``server = RedisServer(port=free_port()).start()``
+    """
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
@@ -61,6 +72,8 @@ def resp_command(port: int, *args: object, timeout: float = 2.0, host: str = "12
     """Send one command to Redis over a raw socket and return the parsed reply.
 
     Used by the fixture so that it needs no Redis client library.
+
+    Example: ``assert resp_command(6380, "PING") == "PONG"``
     """
     with socket.create_connection((host, port), timeout=timeout) as sock:
         sock.sendall(_encode(*args))
