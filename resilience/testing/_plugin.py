@@ -6,19 +6,31 @@ Installing resilience gives every test suite these fixtures:
 * ``redis_server``: a private, disposable ``redis-server`` (see :class:`RedisServer`).
   Skipped with a loud reason when the binary is missing; fails instead when
   ``RESILIENCE_REQUIRE_REDIS=1``.
+* ``faults``: chaos enabled for the test, and a factory of seeded
+  :class:`resilience.Faults` (see :class:`FaultsFixture`); the seed is stable per test,
+  printed when the test fails, and replayed with ``--chaos-seed=N``
+  (``--chaos-seed=random`` explores).
+* ``fault_proxy``: a factory of :class:`FaultProxy` TCP proxies, stopped after the test.
+
+The plugin needs only pytest and the core dependencies.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 
 import pytest
 
+from .._chaos._switch import CHAOS
+from ._chaos_fixtures import FaultProxyFactory, FaultsFixture, seed_for
 from ._fake_clock import FakeClock
 from ._redis import RedisServer, RedisUnavailable
 
 REQUIRE_ENV = "RESILIENCE_REQUIRE_REDIS"
+SEED_ENV = "RESILIENCE_CHAOS_SEED"
+
+_SEED_KEY = pytest.StashKey[int]()
 
 
 def redis_required() -> bool:
@@ -37,6 +49,31 @@ def spawn_redis(**kwargs: object) -> RedisServer:
         pytest.skip(message)
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """``--chaos-seed``: replay (an integer) or explore (``random``) chaos seeds."""
+    group = parser.getgroup("resilience")
+    group.addoption(
+        "--chaos-seed",
+        default=None,
+        help="seed of the `faults` fixture: an integer to replay a failure, or 'random' "
+        f"(default: stable per test; also ${SEED_ENV})",
+    )
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Print the chaos seed of a failed test that used the ``faults`` fixture."""
+    report = yield
+    seed = item.stash.get(_SEED_KEY, None)
+    if seed is not None and report.failed:
+        report.sections.append(
+            ("resilience chaos", f"chaos seed {seed}: replay with --chaos-seed={seed}")
+        )
+    return report
+
+
 @pytest.fixture
 def fake_clock() -> FakeClock:
     """A :class:`resilience.testing.FakeClock` at time 0."""
@@ -51,3 +88,26 @@ def redis_server() -> Iterator[RedisServer]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+def faults(request: pytest.FixtureRequest) -> Iterator[FaultsFixture]:
+    """Chaos on for this test, and a factory of seeded :class:`resilience.Faults`."""
+    option = request.config.getoption("--chaos-seed", None) or os.environ.get(SEED_ENV)
+    seed = seed_for(request.node.nodeid, option)
+    request.node.stash[_SEED_KEY] = seed
+    token = CHAOS.set(True)
+    try:
+        yield FaultsFixture(seed)
+    finally:
+        CHAOS.reset(token)
+
+
+@pytest.fixture
+def fault_proxy() -> Iterator[FaultProxyFactory]:
+    """``fault_proxy(port)`` starts a :class:`FaultProxy` to ``127.0.0.1:port``."""
+    factory = FaultProxyFactory()
+    try:
+        yield factory
+    finally:
+        factory.stop_all()

@@ -1,0 +1,126 @@
+"""Chaos (issue 7): what a *disabled* ``rs.Faults`` costs in a pipeline.
+
+Fault injection is meant to stay in production code paths, switched off. The question
+is whether leaving ``rs.Faults`` innermost in a ``Pipeline`` costs anything when chaos
+is off. Each table compares the same pipeline with and without a disabled ``Faults``,
+in the same run, with interleaved rounds; a second, identical pipeline without
+``Faults`` gives the noise floor (the difference between two identical cases). No peer
+library ships fault injection, so there is no peer row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import resilience as rs
+from resilience import chaos
+
+from ._harness import Report, measure, measure_async
+
+T = TypeVar("T")
+
+
+class _NoOp(rs.PolicyBase):
+    """The cheapest possible policy layer: what any extra step of a pipeline costs."""
+
+    def call(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+        return fn(*args, **kwargs)
+
+    async def call_async(self, fn: Callable[..., Awaitable[T]], /, *args: Any, **kwargs: Any) -> T:
+        return await fn(*args, **kwargs)
+
+
+def _pipelines() -> list[rs.Pipeline]:
+    def policies() -> list[rs.Policy]:
+        return [rs.Retry(on=OSError, attempts=3, deadline=5.0), rs.Timeout(1.0)]
+
+    faults = rs.Faults(chaos.Latency(0.1, rate=0.1), chaos.Error(ConnectionError, rate=0.1), seed=1)
+    return [
+        rs.Pipeline(*policies()),
+        rs.Pipeline(*policies()),
+        rs.Pipeline(*policies(), _NoOp()),
+        rs.Pipeline(*policies(), faults),
+    ]
+
+
+def _bare(x: int) -> int:
+    return x
+
+
+async def _abare(x: int) -> int:
+    return x
+
+
+def _rows(report: Report, title: str, results: dict[str, float], names: tuple[str, ...]) -> None:
+    bare, without, again, noop, with_faults = names
+    sec = report.section(title, f"{without!r}, same run")
+    base = results[without]
+    noise = abs(results[again] - base) * 1e6
+    sec.add(bare, results[bare], baseline_s=base, ours=False, note="the call alone")
+    sec.add(without, base, baseline_s=base, note="baseline")
+    sec.add(again, results[again], baseline_s=base, note="identical pipeline: the noise floor")
+    sec.add(noop, results[noop], baseline_s=base, note="any extra layer costs this much")
+    overhead = (results[with_faults] - base) * 1e6
+    versus_noop = (results[with_faults] - results[noop]) * 1e6
+    sec.add(
+        with_faults,
+        results[with_faults],
+        baseline_s=base,
+        target_text="within noise (±max(noise, 0.1 µs))",
+        met=overhead <= max(noise, 0.1),
+        note=f"noise floor {noise:.2f} µs; {versus_noop:+.2f} µs vs a no-op layer "
+        "(the ContextVar lookup)",
+    )
+
+
+def run(report: Report, quick: bool) -> None:
+    number = 5_000 if quick else 20_000
+    pipelines = _pipelines()
+    assert not chaos.is_enabled(), "benchmarks measure the disabled path"
+
+    names = (
+        "bare call",
+        "Pipeline(Retry, Timeout)",
+        "Pipeline(Retry, Timeout) again",
+        "Pipeline(Retry, Timeout, no-op policy)",
+        "Pipeline(Retry, Timeout, Faults) (chaos off)",
+    )
+    sync_fns = [pipeline(_bare) for pipeline in pipelines]
+    cases: dict[str, Callable[[], object]] = {
+        names[0]: lambda: _bare(1),
+        names[1]: lambda: sync_fns[0](1),
+        names[2]: lambda: sync_fns[1](1),
+        names[3]: lambda: sync_fns[2](1),
+        names[4]: lambda: sync_fns[3](1),
+    }
+    results = measure(cases, number=number, rounds=report.rounds)
+    _rows(report, "Chaos: disabled rs.Faults in a sync pipeline", results, names)
+
+    async_fns = [pipeline(_abare) for pipeline in pipelines]
+    acases: dict[str, Callable[[], Awaitable[object]]] = {
+        names[0]: lambda: _abare(1),
+        names[1]: lambda: async_fns[0](1),
+        names[2]: lambda: async_fns[1](1),
+        names[3]: lambda: async_fns[2](1),
+        names[4]: lambda: async_fns[3](1),
+    }
+    aresults = measure_async(acases, number=number // 2, rounds=report.rounds)
+    _rows(report, "Chaos: disabled rs.Faults in an async pipeline (asyncio)", aresults, names)
+
+    # Faults on its own: the whole cost of the layer over a bare call.
+    faults = pipelines[-1].policies[-1]
+    alone = faults(_bare)
+    lone = measure(
+        {"bare call": lambda: _bare(1), "@rs.Faults (chaos off)": lambda: alone(1)},
+        number=number,
+        rounds=report.rounds,
+    )
+    sec = report.section("Chaos: a disabled rs.Faults decorator alone", "'bare call'")
+    sec.add("bare call", lone["bare call"], baseline_s=lone["bare call"], ours=False)
+    sec.add(
+        "@rs.Faults (chaos off)",
+        lone["@rs.Faults (chaos off)"],
+        baseline_s=lone["bare call"],
+        note="decorator frame + Faults.call frame + ContextVar.get",
+    )

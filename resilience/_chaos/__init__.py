@@ -1,0 +1,1 @@
+"""Private implementation of :mod:`resilience.chaos` (fault injection)."""
