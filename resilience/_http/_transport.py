@@ -1,0 +1,896 @@
+"""The resilient httpx transport: per-host limits, retries, hedging, server-paced hosts.
+
+Layout: the decisions (which host, may it send, retry or not and after how long, which
+hedge answer wins, what a response tells us) are methods shared by both shells; the
+sync shell (``handle_request``) and the async shell (``handle_async_request``) differ
+only in how they wait and send.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextvars
+import fnmatch
+import threading
+import time
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
+from typing import Any, TypeAlias
+
+import anyio
+import httpx
+
+from .. import _deadline
+from .._budget import RetryBudget
+from .._clock import SYSTEM_CLOCK, Clock
+from .._events import GLOBAL_LISTENERS, Event, Listener, RetriesExhausted, RetryScheduled, emit
+from .._validate import check_callable, check_int, check_number
+from ..backoff import full_jitter
+from ..breaker import CircuitBreaker
+from ..bulkhead import Bulkhead
+from ..errors import ConfigurationError, RateLimited, Rejected
+from ..ratelimit import Rate, RateLimiter
+from ..testing._no_wait import NO_WAIT
+from ._config import (
+    IDEMPOTENT_METHODS,
+    PRIORITY,
+    RETRY_ON,
+    RETRY_STATUSES,
+    HostPolicy,
+    Policies,
+    TransportStatistics,
+    check_exceptions,
+    check_hedge,
+    check_methods,
+    check_statuses,
+    resolve,
+)
+from ._events import HedgeStarted, HostPaused
+from ._hosts import Host, HostTable, host_key
+from ._latency import Latencies
+from ._responses import HeldStream, aclose_quietly, discard, mentions_signals
+from ._signals import read_signals
+
+__all__ = ["ResilientTransport"]
+
+Outcome: TypeAlias = "tuple[httpx.Response, None] | tuple[None, Exception]"
+
+
+class _Run:
+    """The retry state of one request; created only after a first failure."""
+
+    __slots__ = ("attempt", "delays", "repeatable")
+
+    def __init__(self, delays: Iterator[float], repeatable: bool) -> None:
+        self.attempt = 1
+        self.delays = delays
+        self.repeatable = repeatable
+
+
+class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
+    """An httpx transport (sync and async) that is careful with every host it talks to.
+
+    Wraps an inner transport (default: ``httpx.HTTPTransport()`` for ``httpx.Client``,
+    ``httpx.AsyncHTTPTransport()`` for ``httpx.AsyncClient``) and, per host (or per
+    ``key(request)``):
+
+    * limits concurrency (``bulkhead=``), rate (``limiter=``) and stops calling a failing
+      host (``breaker=``); a 5xx counts as a breaker failure, a 429 does not; the
+      bulkhead slot is held until the response body is closed, and waiters are served
+      by the request's ``extensions={PRIORITY: n}`` (lower first);
+    * retries idempotent requests (``idempotent=``, or a request with an
+      ``Idempotency-Key`` field) on connection errors, timeouts and 429/502/503/504,
+      with jittered backoff, up to ``attempts``, within a :class:`~resilience.RetryBudget`;
+      responses of failed attempts are closed;
+    * listens to the server: ``Retry-After`` (seconds or HTTP-date), the IETF
+      ``RateLimit``/``RateLimit-Policy`` fields and the legacy ``X-RateLimit-*`` ones
+      pause that host (only that host) until the advertised reset, or spread its
+      remaining quota until then; a retry waits at least ``Retry-After``; server delays
+      are capped at ``max_server_delay``;
+    * clamps each attempt's timeouts to the ambient deadline (:func:`resilience.deadline`,
+      an outer :class:`~resilience.Timeout`) and, with ``deadline_header=``, tells the
+      server how many seconds are left;
+    * optionally hedges (``hedge=``): when an idempotent request is still unanswered after
+      a fixed delay or the host's observed percentile (``"p95"``), sends a second copy,
+      takes the first good answer and cancels (async) or discards (sync) the other;
+      hedges draw from the retry budget.
+
+    Waits before sending (a server-imposed pause, and the limiter and bulkhead built
+    from shorthand arguments) last at most ``max_wait`` seconds, clamped to the ambient
+    deadline; past that the request fails, unsent, with the policy's
+    :class:`~resilience.Rejected` error (:class:`~resilience.RateLimited` for a paused
+    host, with ``retry_after``).
+
+    Arguments:
+        inner: the transport that sends (sync, async, or both like ``MockTransport``).
+        key: ``key(request) -> hashable``; default :func:`host_key` (host[:port]).
+        bulkhead: a :class:`~resilience.Bulkhead` used per key, or an ``int``
+            (slots per host).
+        limiter: a :class:`~resilience.RateLimiter` used per key, or a rate (``"5/s"``).
+        breaker: a :class:`~resilience.CircuitBreaker` (keyed: one circuit per host;
+            unkeyed: shared), or ``True`` for a default one per host.
+        hosts: ``{host or glob: HostPolicy(...)}``, overrides for some keys.
+        attempts: total attempts of a retried request, the first included.
+        backoff: delays between attempts (:mod:`resilience.backoff`).
+        budget: the :class:`~resilience.RetryBudget` for retries and hedges (default:
+            a private ``RetryBudget()``).
+        idempotent: methods that may be sent more than once (retried or hedged).
+        retry_statuses: statuses that are retried.
+        retry_on: exception types that are retried.
+        hedge: ``None`` (off), seconds, or a percentile of the host's latency (``"p95"``;
+            no hedging until 20 answers were timed).
+        hedge_threads: worker threads for sync hedging (async hedging uses tasks). Sync
+            hedging waits for the hedge delay in real time, whatever the clock.
+        server_signals: obey ``Retry-After`` and rate-limit fields (default ``True``).
+        max_server_delay: the longest a server may make us wait (seconds).
+        max_wait: the longest a request waits before being sent (seconds).
+        deadline_header: a request header that receives the seconds left before the
+            ambient deadline (e.g. ``"Request-Timeout"``), if any.
+        max_hosts / idle_ttl: bounds of the per-host state.
+        clock: time source (tests pass a FakeClock).
+        name: the name in events.
+
+    Example::
+
+        import httpx
+        import resilience as rs
+        from resilience.httpx import ResilientTransport
+
+        transport = ResilientTransport(bulkhead=4, limiter="10/s", breaker=True, hedge="p95")
+        async with httpx.AsyncClient(transport=transport) as client:
+            with rs.deadline(10.0):
+                response = await client.get("https://example.com/video.mp4")
+    """
+
+    def __init__(
+        self,
+        inner: httpx.BaseTransport | httpx.AsyncBaseTransport | None = None,
+        *,
+        key: Callable[[httpx.Request], Hashable] | None = None,
+        bulkhead: Bulkhead | int | None = None,
+        limiter: RateLimiter | Rate | str | None = None,
+        breaker: CircuitBreaker | bool | None = None,
+        hosts: Mapping[str, HostPolicy] | None = None,
+        attempts: int = 3,
+        backoff: Iterable[float] | None = None,
+        budget: RetryBudget | None = None,
+        idempotent: Iterable[str] = IDEMPOTENT_METHODS,
+        retry_statuses: Iterable[int] = RETRY_STATUSES,
+        retry_on: type[Exception] | Iterable[type[Exception]] = RETRY_ON,
+        hedge: float | str | None = None,
+        hedge_threads: int = 64,
+        server_signals: bool = True,
+        max_server_delay: float = 60.0,
+        max_wait: float = 30.0,
+        deadline_header: str | None = None,
+        max_hosts: int = 10_000,
+        idle_ttl: float = 600.0,
+        clock: Clock | None = None,
+        name: str | None = None,
+    ) -> None:
+        if inner is not None and not isinstance(
+            inner, httpx.BaseTransport | httpx.AsyncBaseTransport
+        ):
+            raise ConfigurationError(f"inner must be an httpx transport, got {inner!r}")
+        self.name: str = name if name is not None else "ResilientTransport"
+        self._listeners: list[Listener] = []
+        self._clock: Clock = SYSTEM_CLOCK if clock is None else clock
+        self._now = self._clock.monotonic
+        self._inner = inner
+        self._sync_inner = inner if isinstance(inner, httpx.BaseTransport) else None
+        self._async_inner = inner if isinstance(inner, httpx.AsyncBaseTransport) else None
+        self._key = check_callable("key", key)
+        self.attempts: int = check_int("attempts", attempts, minimum=1)
+        if backoff is None:
+            backoff = full_jitter(0.1, cap=10.0)
+        elif not isinstance(backoff, Iterable):
+            raise ConfigurationError(
+                f"backoff must be an iterable of delays (see resilience.backoff), got {backoff!r}"
+            )
+        self._backoff = backoff
+        if budget is not None and not isinstance(budget, RetryBudget):
+            raise ConfigurationError(f"budget must be a RetryBudget, got {budget!r}")
+        self.budget: RetryBudget = RetryBudget(clock=self._clock) if budget is None else budget
+        self._idempotent = check_methods(idempotent)
+        self._retry_statuses = check_statuses(retry_statuses)
+        self._retry_on = check_exceptions(retry_on)
+        self._hedge_fixed, self._hedge_quantile = check_hedge(hedge)
+        self._hedging = hedge is not None
+        self._hedge_threads: int = check_int("hedge_threads", hedge_threads, minimum=1)
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._signals = bool(server_signals)
+        self.max_server_delay: float = check_number(
+            "max_server_delay", max_server_delay, strict=True
+        )
+        self.max_wait: float = check_number("max_wait", max_wait, allow_inf=True)
+        if deadline_header is not None and (
+            not isinstance(deadline_header, str) or not deadline_header.strip()
+        ):
+            raise ConfigurationError(
+                f"deadline_header must be a header name, got {deadline_header!r}"
+            )
+        self._deadline_header = deadline_header
+        self._default = self._resolve("", HostPolicy(bulkhead, limiter, breaker), (None,) * 3)
+        self._overrides: list[tuple[str, Policies]] = []
+        for pattern, policy in (hosts or {}).items():
+            if not isinstance(pattern, str) or not pattern:
+                raise ConfigurationError(f"hosts keys must be host names or globs, got {pattern!r}")
+            if not isinstance(policy, HostPolicy):
+                raise ConfigurationError(f"hosts[{pattern!r}] must be a HostPolicy, got {policy!r}")
+            self._overrides.append(
+                (pattern.lower(), self._resolve(f"hosts[{pattern!r}].", policy, self._default))
+            )
+        self._hosts: HostTable[Host] = HostTable(
+            self._new_host, max_keys=max_hosts, idle_ttl=idle_ttl, clock=self._clock
+        )
+        self._lock = threading.Lock()
+        self._requests = self._retries = self._recovered = self._exhausted = 0
+        self._hedges = self._hedge_wins = self._pauses = self._rejected = 0
+
+    # -- construction helpers -----------------------------------------------------------
+
+    def _resolve(self, where: str, policy: HostPolicy, inherit: Any) -> Policies:
+        return resolve(
+            where, policy, inherit, max_wait=self.max_wait, clock=self._clock, name=self.name
+        )
+
+    def _new_host(self, key: Hashable) -> Host:
+        policies = self._default
+        if self._overrides:
+            text = str(key).lower()
+            for pattern, override in self._overrides:
+                if pattern == text:
+                    policies = override
+                    break
+            else:
+                for pattern, override in self._overrides:
+                    if fnmatch.fnmatchcase(text, pattern):
+                        policies = override
+                        break
+        latencies = Latencies() if self._hedge_quantile is not None else None
+        return Host(key, *policies, latencies)
+
+    # -- events and statistics ----------------------------------------------------------
+
+    def add_listener(self, listener: Listener) -> Listener:
+        """Receive this transport's events; returns ``listener`` (usable as a decorator).
+
+        Events: :class:`~resilience.RetryScheduled`, :class:`~resilience.RetriesExhausted`,
+        :class:`HostPaused`, :class:`HedgeStarted` (``key`` is the host).
+
+        Example: ``transport.add_listener(print)``
+        """
+        self._listeners.append(listener)
+        return listener
+
+    def remove_listener(self, listener: Listener) -> None:
+        """Stop sending events to ``listener``.
+
+        Example: ``transport.remove_listener(print)``
+        """
+        try:
+            self._listeners.remove(listener)
+        except ValueError:
+            pass
+
+    @property
+    def _observed(self) -> bool:
+        return bool(self._listeners or GLOBAL_LISTENERS)
+
+    def _emit(self, event: Event) -> None:
+        emit(self._listeners, event)
+
+    def statistics(self) -> TransportStatistics:
+        """Requests, retries, hedges, pauses and hosts so far.
+
+        Example: ``print(transport.statistics())``
+        """
+        return TransportStatistics(
+            self._requests,
+            self._retries,
+            self._recovered,
+            self._exhausted,
+            self._hedges,
+            self._hedge_wins,
+            self._pauses,
+            self._rejected,
+            len(self._hosts),
+        )
+
+    def __repr__(self) -> str:
+        return f"<ResilientTransport {self.name!r} inner={self._inner!r}>"
+
+    # -- the core: decisions shared by both shells ---------------------------------------
+
+    def _host_of(self, request: httpx.Request) -> Host:
+        key = host_key(request) if self._key is None else self._key(request)
+        return self._hosts.get(key)
+
+    def _pause_step(self, host: Host) -> float:
+        """0.0: the host may be sent to now; else seconds to wait and ask again."""
+        now = self._now()
+        with self._lock:
+            wait = host.pace.admit(now)
+        if wait <= 0:
+            return 0.0
+        if wait > _deadline.clamp(self.max_wait):
+            self._rejected += 1
+            raise RateLimited(
+                f"{host.key} asked us to wait {wait:.3f}s, beyond max_wait or the deadline",
+                retry_after=wait,
+            )
+        return wait
+
+    def _prepare(self, request: httpx.Request) -> None:
+        """Clamp the attempt's timeouts to the ambient deadline (and forward it)."""
+        remaining = _deadline.time_remaining()
+        if remaining is None:
+            return
+        if remaining <= 0:
+            raise httpx.TimeoutException(
+                "the deadline passed before the request was sent", request=request
+            )
+        timeouts = request.extensions.get("timeout")
+        if isinstance(timeouts, dict):
+            clamped = {
+                phase: remaining if value is None or value > remaining else value
+                for phase, value in timeouts.items()
+            }
+        else:
+            clamped = dict.fromkeys(("connect", "read", "write", "pool"), remaining)
+        request.extensions = {**request.extensions, "timeout": clamped}
+        if self._deadline_header is not None:
+            request.headers[self._deadline_header] = f"{remaining:.3f}"
+
+    @staticmethod
+    def _failed(ticket: Any, exc: BaseException) -> None:
+        """An attempt raised: tell the breaker (a cancellation counts for nothing)."""
+        if ticket is not None:
+            if isinstance(exc, httpx.TransportError):
+                ticket.failure(exc)
+            else:
+                ticket.ignore()
+
+    def _received(
+        self, host: Host, slot: Any, ticket: Any, response: httpx.Response, start: float
+    ) -> httpx.Response:
+        """An attempt answered: record its outcome and what the server said."""
+        status = response.status_code
+        if ticket is not None:
+            if status >= 500:
+                ticket.failure()
+            elif status == 429:
+                ticket.ignore()
+            else:
+                ticket.success()
+        latencies = host.latencies
+        if latencies is not None and status < 500 and status != 429:
+            latencies.record(self._now() - start)
+        if self._signals and mentions_signals(response.headers):
+            signals = read_signals(response.headers.raw, cap=self.max_server_delay, wall=time.time)
+            if signals is not None:
+                now = self._now()
+                with self._lock:
+                    pause = host.pace.observe(
+                        now, signals, retry_after_applies=status == 429 or status >= 500
+                    )
+                if pause > 0:
+                    self._pauses += 1
+                    if self._observed:
+                        reason = "quota" if host.pace.not_before <= now else "retry-after"
+                        self._emit(
+                            HostPaused(
+                                policy=self.name, key=str(host.key), seconds=pause, reason=reason
+                            )
+                        )
+        if slot is not None:
+            if response.is_closed:  # already read (a canned response): nothing to stream
+                slot.release()
+            else:
+                response.stream = HeldStream(response.stream, slot)
+        return response
+
+    def _repeatable(self, request: httpx.Request, body: Any) -> bool:
+        """May this request (whose body stream was ``body`` before sending) be repeated?"""
+        if request.method not in self._idempotent and "idempotency-key" not in request.headers:
+            return False
+        # A streamed body (a generator) can be sent only once.
+        return isinstance(body, httpx.ByteStream)
+
+    def _start(self, request: httpx.Request, body: Any) -> _Run:
+        return _Run(iter(self._backoff), self._repeatable(request, body))
+
+    def _plan(
+        self, run: _Run, host: Host, response: httpx.Response | None, exc: Exception | None
+    ) -> float | None:
+        """The delay before the next attempt, or ``None`` to stop here."""
+        if exc is not None and not isinstance(exc, self._retry_on):
+            return None
+        if not run.repeatable:
+            return None
+        attempt = run.attempt
+        if attempt >= self.attempts:
+            return self._give_up(host, attempt, "attempts", exc)
+        try:
+            delay = float(next(run.delays))
+        except StopIteration:
+            return self._give_up(host, attempt, "attempts", exc)
+        if self._signals:
+            delay = max(delay, host.pace.delay(self._now()))
+        remaining = _deadline.time_remaining()
+        if remaining is not None and delay > remaining:
+            return self._give_up(host, attempt, "deadline", exc)
+        if not self.budget.try_withdraw():
+            return self._give_up(host, attempt, "budget", exc)
+        run.attempt = attempt + 1
+        self._retries += 1
+        if self._observed:
+            self._emit(
+                RetryScheduled(
+                    policy=self.name, key=str(host.key), attempt=attempt, delay=delay, exception=exc
+                )
+            )
+        return 0.0 if NO_WAIT.get() else delay
+
+    def _give_up(
+        self, host: Host, attempts: int, reason: str, exc: Exception | None
+    ) -> float | None:
+        self._exhausted += 1
+        if self._observed:
+            self._emit(
+                RetriesExhausted(
+                    policy=self.name,
+                    key=str(host.key),
+                    attempts=attempts,
+                    reason=reason,
+                    exception=exc,
+                )
+            )
+        return None
+
+    def _good(self, outcome: httpx.Response | Exception) -> bool:
+        return isinstance(outcome, httpx.Response) and (
+            outcome.status_code not in self._retry_statuses
+        )
+
+    def _hedge_delay(self, host: Host, request: httpx.Request, body: Any) -> float | None:
+        """How long to wait before hedging this request; ``None``: do not hedge it."""
+        if not self._repeatable(request, body):
+            return None
+        if self._hedge_quantile is None:
+            return self._hedge_fixed
+        assert host.latencies is not None
+        return host.latencies.quantile(self._hedge_quantile)
+
+    def _may_hedge(self, host: Host) -> bool:
+        """The hedge's own admission, without waiting: paused host or empty budget say no."""
+        if host.pace.active:
+            now = self._now()
+            with self._lock:
+                if host.pace.admit(now) > 0:
+                    return False
+        return self.budget.try_withdraw()
+
+    def _hedge_started(self, host: Host, delay: float) -> None:
+        self._hedges += 1
+        if self._observed:
+            self._emit(HedgeStarted(policy=self.name, key=str(host.key), delay=delay))
+
+    def _pick(self, outcomes: list[tuple[bool, httpx.Response | Exception]]) -> tuple[int, Outcome]:
+        """The winner of a hedged round (first good answer, else the first answer)."""
+        index = next((i for i, (_, out) in enumerate(outcomes) if self._good(out)), 0)
+        hedged, winner = outcomes[index]
+        if hedged and self._good(winner):
+            self._hedge_wins += 1
+        if isinstance(winner, httpx.Response):
+            return index, (winner, None)
+        return index, (None, winner)
+
+    # -- the sync shell -----------------------------------------------------------------
+
+    def _sync(self) -> httpx.BaseTransport:
+        if self._sync_inner is None:
+            if self._inner is not None:
+                raise TypeError(f"{self._inner!r} is async-only: use it with httpx.AsyncClient")
+            self._sync_inner = httpx.HTTPTransport()
+        return self._sync_inner
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        """Send ``request`` through the inner transport, with this transport's policies.
+
+        Called by ``httpx.Client``; direct use: ``transport.handle_request(request)``.
+        """
+        host = self._host_of(request)
+        self._requests += 1
+        self.budget.deposit()
+        inner = self._sync_inner or self._sync()
+        body = request.stream
+        if self._hedging:
+            response, exc = self._round(request, body, host, inner)
+            if response is not None and response.status_code not in self._retry_statuses:
+                return response
+            return self._resume(request, body, host, inner, response, exc)
+        try:
+            response = self._send(request, host, inner)
+        except Exception as error:
+            return self._resume(request, body, host, inner, None, error)
+        if response.status_code in self._retry_statuses:
+            return self._resume(request, body, host, inner, response, None)
+        return response
+
+    def _resume(
+        self,
+        request: httpx.Request,
+        body: Any,
+        host: Host,
+        inner: httpx.BaseTransport,
+        response: httpx.Response | None,
+        exc: Exception | None,
+    ) -> httpx.Response:
+        """Carry on after a failed first attempt (the happy path never gets here)."""
+        run = self._start(request, body)
+        while True:
+            delay = self._plan(run, host, response, exc)
+            if delay is None:
+                if exc is not None:
+                    raise exc
+                assert response is not None
+                return response
+            if response is not None:
+                response.close()
+            self._clock.sleep(delay)
+            response, exc = self._round(request, body, host, inner)
+            if response is not None and response.status_code not in self._retry_statuses:
+                self._recovered += 1
+                return response
+
+    def _round(
+        self, request: httpx.Request, body: Any, host: Host, inner: httpx.BaseTransport
+    ) -> Outcome:
+        delay = self._hedge_delay(host, request, body) if self._hedging else None
+        if delay is not None:
+            return self._hedged(request, host, inner, delay)
+        try:
+            return self._send(request, host, inner), None
+        except Exception as exc:
+            return None, exc
+
+    def _send(
+        self, request: httpx.Request, host: Host, inner: httpx.BaseTransport
+    ) -> httpx.Response:
+        """One attempt: wait for the host, its limiter and bulkhead; then send."""
+        if host.pace.active:
+            while wait := self._pause_step(host):
+                self._clock.sleep(wait)
+        if host.limiter is not None:
+            host.limiter.acquire(host.key)
+        slot = None
+        if host.bulkhead is not None:
+            slot = host.bulkhead.acquire(host.key, priority=request.extensions.get(PRIORITY))
+        ticket = None
+        try:
+            self._prepare(request)
+            if host.breaker is not None:
+                ticket = host.breaker.acquire_nowait(host.breaker_key)
+        except BaseException:
+            if slot is not None:
+                slot.release()
+            raise
+        return self._exchange(request, host, inner, slot, ticket)
+
+    def _exchange(
+        self,
+        request: httpx.Request,
+        host: Host,
+        inner: httpx.BaseTransport,
+        slot: Any,
+        ticket: Any,
+    ) -> httpx.Response:
+        start = self._now() if host.latencies is not None else 0.0
+        try:
+            response = inner.handle_request(request)
+        except BaseException as exc:
+            if slot is not None:
+                slot.release()
+            self._failed(ticket, exc)
+            raise
+        return self._received(host, slot, ticket, response, start)
+
+    def _admit_hedge(self, request: httpx.Request, host: Host) -> tuple[Any, Any] | None:
+        """Admission of a hedge: everything or nothing, never waiting."""
+        if not self._may_hedge(host):
+            return None
+        if host.limiter is not None and not host.limiter.try_acquire(host.key).allowed:
+            return None
+        slot = None
+        try:
+            if host.bulkhead is not None:
+                slot = host.bulkhead.acquire_nowait(host.key)
+            self._prepare(request)
+            ticket = None
+            if host.breaker is not None:
+                ticket = host.breaker.acquire_nowait(host.breaker_key)
+        except (Rejected, httpx.TimeoutException):
+            if slot is not None:
+                slot.release()
+            return None
+        return slot, ticket
+
+    def _hedged(
+        self, request: httpx.Request, host: Host, inner: httpx.BaseTransport, delay: float
+    ) -> Outcome:
+        """A round with a hedge: two attempts in worker threads, the first good one wins.
+
+        A sync send cannot be cancelled: the loser runs to completion in its thread and
+        its response is closed there.
+        """
+        pool = self._pool
+        if pool is None:
+            with self._lock:
+                if self._pool is None:
+                    self._pool = concurrent.futures.ThreadPoolExecutor(
+                        self._hedge_threads, thread_name_prefix="resilience-hedge"
+                    )
+                pool = self._pool
+        first = pool.submit(contextvars.copy_context().run, self._send, request, host, inner)
+        futures = {first: False}
+        outcomes: list[tuple[bool, httpx.Response | Exception]] = []
+        winner: concurrent.futures.Future[httpx.Response] | None = None
+        try:
+            done, pending = concurrent.futures.wait([first], timeout=delay)
+            if not done:
+                admitted = self._admit_hedge(request, host)
+                if admitted is not None:
+                    second = pool.submit(
+                        contextvars.copy_context().run,
+                        self._exchange,
+                        request,
+                        host,
+                        inner,
+                        *admitted,
+                    )
+                    futures[second] = True
+                    self._hedge_started(host, delay)
+            order: list[concurrent.futures.Future[httpx.Response]] = []
+            pending = set(futures)
+            while pending:
+                done, pending = concurrent.futures.wait(
+                    pending, return_when=concurrent.futures.FIRST_COMPLETED
+                )
+                for future in done:
+                    order.append(future)
+                    error = future.exception()
+                    outcome = future.result() if error is None else error
+                    if not isinstance(outcome, httpx.Response | Exception):
+                        raise outcome  # KeyboardInterrupt and friends in a worker
+                    outcomes.append((futures[future], outcome))
+                if any(self._good(out) for _, out in outcomes):
+                    break
+            index, result = self._pick(outcomes)
+            winner = order[index]
+            return result
+        finally:
+            for future in futures:
+                if future is not winner:
+                    future.add_done_callback(discard)
+
+    def close(self) -> None:
+        """Close the inner sync transport and stop the hedging threads.
+
+        ``httpx.Client`` calls it on exit: ``with httpx.Client(transport=t): ...``
+        """
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False)
+        if self._sync_inner is not None:
+            self._sync_inner.close()
+
+    # -- the async shell ----------------------------------------------------------------
+
+    def _async(self) -> httpx.AsyncBaseTransport:
+        if self._async_inner is None:
+            if self._inner is not None:
+                raise TypeError(f"{self._inner!r} is sync-only: use it with httpx.Client")
+            self._async_inner = httpx.AsyncHTTPTransport()
+        return self._async_inner
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        """Send ``request`` through the inner transport, with this transport's policies.
+
+        Called by ``httpx.AsyncClient``; direct use:
+        ``await transport.handle_async_request(request)``.
+        """
+        host = self._host_of(request)
+        self._requests += 1
+        self.budget.deposit()
+        inner = self._async_inner or self._async()
+        body = request.stream
+        if self._hedging:
+            response, exc = await self._round_async(request, body, host, inner)
+            if response is not None and response.status_code not in self._retry_statuses:
+                return response
+            return await self._resume_async(request, body, host, inner, response, exc)
+        try:
+            response = await self._send_async(request, host, inner)
+        except Exception as error:
+            return await self._resume_async(request, body, host, inner, None, error)
+        if response.status_code in self._retry_statuses:
+            return await self._resume_async(request, body, host, inner, response, None)
+        return response
+
+    async def _resume_async(
+        self,
+        request: httpx.Request,
+        body: Any,
+        host: Host,
+        inner: httpx.AsyncBaseTransport,
+        response: httpx.Response | None,
+        exc: Exception | None,
+    ) -> httpx.Response:
+        """Carry on after a failed first attempt (the happy path never gets here)."""
+        run = self._start(request, body)
+        while True:
+            delay = self._plan(run, host, response, exc)
+            if delay is None:
+                if exc is not None:
+                    raise exc
+                assert response is not None
+                return response
+            if response is not None:
+                await response.aclose()
+            await self._clock.sleep_async(delay)
+            response, exc = await self._round_async(request, body, host, inner)
+            if response is not None and response.status_code not in self._retry_statuses:
+                self._recovered += 1
+                return response
+
+    async def _round_async(
+        self, request: httpx.Request, body: Any, host: Host, inner: httpx.AsyncBaseTransport
+    ) -> Outcome:
+        delay = self._hedge_delay(host, request, body) if self._hedging else None
+        if delay is not None:
+            return await self._hedged_async(request, host, inner, delay)
+        try:
+            return await self._send_async(request, host, inner), None
+        except Exception as exc:
+            return None, exc
+
+    async def _send_async(
+        self, request: httpx.Request, host: Host, inner: httpx.AsyncBaseTransport
+    ) -> httpx.Response:
+        """One attempt: wait for the host, its limiter and bulkhead; then send."""
+        if host.pace.active:
+            while wait := self._pause_step(host):
+                await self._clock.sleep_async(wait)
+        if host.limiter is not None:
+            await host.limiter.acquire_async(host.key)
+        slot = None
+        if host.bulkhead is not None:
+            slot = await host.bulkhead.acquire_async(
+                host.key, priority=request.extensions.get(PRIORITY)
+            )
+        ticket = None
+        try:
+            self._prepare(request)
+            if host.breaker is not None:
+                ticket = await host.breaker.acquire_async(host.breaker_key)
+        except BaseException:
+            if slot is not None:
+                slot.release()
+            raise
+        return await self._exchange_async(request, host, inner, slot, ticket)
+
+    async def _exchange_async(
+        self,
+        request: httpx.Request,
+        host: Host,
+        inner: httpx.AsyncBaseTransport,
+        slot: Any,
+        ticket: Any,
+    ) -> httpx.Response:
+        start = self._now() if host.latencies is not None else 0.0
+        try:
+            response = await inner.handle_async_request(request)
+        except BaseException as exc:
+            if slot is not None:
+                slot.release()
+            self._failed(ticket, exc)
+            raise
+        return self._received(host, slot, ticket, response, start)
+
+    async def _admit_hedge_async(
+        self, request: httpx.Request, host: Host
+    ) -> tuple[Any, Any] | None:
+        """Admission of a hedge: everything or nothing, never waiting."""
+        if not self._may_hedge(host):
+            return None
+        if host.limiter is not None:
+            decision = await host.limiter.try_acquire_async(host.key)
+            if not decision.allowed:
+                return None
+        slot = None
+        try:
+            if host.bulkhead is not None:
+                slot = host.bulkhead.acquire_nowait(host.key)
+            self._prepare(request)
+            ticket = None
+            if host.breaker is not None:
+                ticket = await host.breaker.acquire_async(host.breaker_key)
+        except (Rejected, httpx.TimeoutException):
+            if slot is not None:
+                slot.release()
+            return None
+        return slot, ticket
+
+    async def _hedged_async(
+        self, request: httpx.Request, host: Host, inner: httpx.AsyncBaseTransport, delay: float
+    ) -> Outcome:
+        """A round with a hedge: the first good answer wins, the other is cancelled."""
+        outcomes: list[tuple[bool, httpx.Response | Exception]] = []
+        started = [1]
+        first_event = anyio.Event()
+        settled = anyio.Event()
+
+        async def attempt(admitted: tuple[Any, Any] | None) -> None:
+            outcome: httpx.Response | Exception
+            try:
+                if admitted is None:
+                    outcome = await self._send_async(request, host, inner)
+                else:
+                    outcome = await self._exchange_async(request, host, inner, *admitted)
+            except Exception as exc:
+                outcome = exc
+            outcomes.append((admitted is not None, outcome))
+            first_event.set()
+            if self._good(outcome) or len(outcomes) >= started[0]:
+                settled.set()
+
+        # Virtual clocks (FakeClock) time the hedge with a sleeping task, so that the
+        # delay passes in virtual time; the system clock uses a cheaper cancel scope.
+        virtual = self._clock is not SYSTEM_CLOCK
+
+        async def ring() -> None:
+            await self._clock.sleep_async(delay)
+            first_event.set()
+
+        try:
+            async with anyio.create_task_group() as group:
+                group.start_soon(attempt, None)
+                if virtual:
+                    group.start_soon(ring)
+                    await first_event.wait()
+                else:
+                    with anyio.move_on_after(delay):
+                        await first_event.wait()
+                if not outcomes:
+                    admitted = await self._admit_hedge_async(request, host)
+                    if admitted is not None:
+                        if outcomes:  # the first answered meanwhile: keep the hedge unsent
+                            if admitted[0] is not None:
+                                admitted[0].release()
+                            if admitted[1] is not None:
+                                admitted[1].ignore()
+                        else:
+                            started[0] = 2
+                            self._hedge_started(host, delay)
+                            group.start_soon(attempt, admitted)
+                await settled.wait()
+                if virtual or len(outcomes) < started[0]:
+                    group.cancel_scope.cancel()
+            index, result = self._pick(outcomes)
+        except BaseException:
+            for _, outcome in outcomes:
+                if isinstance(outcome, httpx.Response):
+                    await aclose_quietly(outcome)
+            raise
+        for i, (_, outcome) in enumerate(outcomes):
+            if i != index and isinstance(outcome, httpx.Response):
+                await aclose_quietly(outcome)
+        return result
+
+    async def aclose(self) -> None:
+        """Close the inner async transport.
+
+        ``httpx.AsyncClient`` calls it on exit: ``async with httpx.AsyncClient(transport=t): ...``
+        """
+        if self._async_inner is not None:
+            await self._async_inner.aclose()

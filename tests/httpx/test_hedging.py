@@ -1,0 +1,182 @@
+"""Hedging against mock upstreams: who wins, what is cancelled or closed, what is paid."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import AsyncIterator, Iterator
+
+import anyio
+import httpx
+import pytest
+
+import resilience as rs
+from resilience.bulkhead import Bulkhead
+from resilience.httpx import HedgeStarted, ResilientTransport
+from resilience.testing import FakeClock
+
+URL = "http://a.test/"
+
+
+class Body(httpx.SyncByteStream, httpx.AsyncByteStream):
+    """A body that signals when it is closed (threads may close it later)."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.closed = threading.Event()
+
+    def __iter__(self) -> Iterator[bytes]:
+        yield self.data
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        yield self.data
+
+    def close(self) -> None:
+        self.closed.set()
+
+    async def aclose(self) -> None:
+        self.closed.set()
+
+
+class StuckThenFast:
+    """Async upstream: the first request never answers (until cancelled); later ones do."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.cancelled = 0
+
+    async def __call__(self, request: httpx.Request) -> httpx.Response:
+        n = self.calls
+        self.calls += 1
+        if n == 0:
+            try:
+                await anyio.sleep_forever()
+            finally:
+                self.cancelled += 1
+        return httpx.Response(200, text=f"answer {n}")
+
+
+@pytest.mark.anyio
+async def test_the_hedge_answers_and_the_stuck_attempt_is_cancelled(fake_clock: FakeClock) -> None:
+    """After the hedge delay a second copy goes out; its answer wins, the first is cancelled."""
+    upstream = StuckThenFast()
+    transport = ResilientTransport(httpx.MockTransport(upstream), hedge=0.2, clock=fake_clock)
+    events: list[rs.Event] = []
+    transport.add_listener(events.append)
+    with anyio.fail_after(5):
+        async with httpx.AsyncClient(transport=transport) as client:
+            response = await client.get(URL)
+    assert response.text == "answer 1"
+    assert (upstream.calls, upstream.cancelled) == (2, 1)
+    stats = transport.statistics()
+    assert (stats.hedges, stats.hedge_wins) == (1, 1)
+    assert [type(event) for event in events] == [HedgeStarted]
+    assert events[0].key == "a.test"
+
+
+@pytest.mark.anyio
+async def test_a_quick_answer_is_not_hedged() -> None:
+    """An answer before the hedge delay ends the round: no second copy."""
+    calls = []
+
+    def upstream(request: httpx.Request) -> httpx.Response:
+        calls.append(request)
+        return httpx.Response(200)
+
+    transport = ResilientTransport(httpx.MockTransport(upstream), hedge=30.0)
+    with anyio.fail_after(5):
+        async with httpx.AsyncClient(transport=transport) as client:
+            assert (await client.get(URL)).status_code == 200
+    assert len(calls) == 1
+    assert transport.statistics().hedges == 0
+
+
+@pytest.mark.anyio
+async def test_non_idempotent_requests_are_not_hedged(fake_clock: FakeClock) -> None:
+    """A POST is never sent twice, however long it takes."""
+    upstream = StuckThenFast()
+    transport = ResilientTransport(httpx.MockTransport(upstream), hedge=0.01, clock=fake_clock)
+    async with httpx.AsyncClient(transport=transport) as client:
+        with anyio.move_on_after(0.2):
+            await client.post(URL, content=b"order")
+    assert upstream.calls == 1
+    assert transport.statistics().hedges == 0
+
+
+@pytest.mark.anyio
+async def test_hedges_draw_from_the_retry_budget(fake_clock: FakeClock) -> None:
+    """An empty retry budget means no hedge: the request waits for its first attempt."""
+    budget = rs.RetryBudget(ratio=0.0, min_per_second=0.0, clock=fake_clock)
+    upstream = StuckThenFast()
+    transport = ResilientTransport(
+        httpx.MockTransport(upstream), hedge=0.01, budget=budget, clock=fake_clock
+    )
+    async with httpx.AsyncClient(transport=transport) as client:
+        with anyio.move_on_after(0.2):
+            await client.get(URL)
+    assert upstream.calls == 1
+    assert budget.statistics().refused == 1
+
+
+@pytest.mark.anyio
+async def test_a_full_bulkhead_means_no_hedge(fake_clock: FakeClock) -> None:
+    """The hedge needs a slot of its own at once; with none free it is not sent."""
+    upstream = StuckThenFast()
+    transport = ResilientTransport(
+        httpx.MockTransport(upstream),
+        hedge=0.01,
+        bulkhead=Bulkhead(1, clock=fake_clock),
+        clock=fake_clock,
+    )
+    async with httpx.AsyncClient(transport=transport) as client:
+        with anyio.move_on_after(0.2):
+            await client.get(URL)
+    assert upstream.calls == 1
+
+
+@pytest.mark.anyio
+async def test_a_bad_first_answer_waits_for_the_hedge(fake_clock: FakeClock) -> None:
+    """First good answer wins: a 503 arriving first does not end the round."""
+    release = anyio.Event()
+    calls = []
+
+    async def upstream(request: httpx.Request) -> httpx.Response:
+        calls.append(request)
+        if len(calls) == 1:
+            await release.wait()
+            return httpx.Response(503)
+        release.set()  # the hedge lets the first attempt fail now, then answers
+        await anyio.sleep(0.01)
+        return httpx.Response(200, text="hedge")
+
+    transport = ResilientTransport(
+        httpx.MockTransport(upstream), hedge=0.1, attempts=1, clock=fake_clock
+    )
+    with anyio.fail_after(5):
+        async with httpx.AsyncClient(transport=transport) as client:
+            response = await client.get(URL)
+    assert (response.status_code, response.text) == (200, "hedge")
+
+
+def test_sync_hedge_wins_and_the_loser_is_closed_when_it_answers() -> None:
+    """Sync: the stuck first attempt keeps its worker thread; when it finally answers,
+    its response is closed, not leaked."""
+    release = threading.Event()
+    bodies: list[Body] = []
+    lock = threading.Lock()
+
+    def upstream(request: httpx.Request) -> httpx.Response:
+        with lock:
+            n = len(bodies)
+            body = Body(b"answer %d" % n)
+            bodies.append(body)
+        if n == 0:
+            release.wait(5)
+        return httpx.Response(200, stream=body)
+
+    transport = ResilientTransport(httpx.MockTransport(upstream), hedge=0.01)
+    with httpx.Client(transport=transport) as client:
+        assert client.get(URL).content == b"answer 1"
+        release.set()
+        assert bodies[0].closed.wait(5)
+    assert bodies[1].closed.is_set()
+    assert transport.statistics().hedge_wins == 1

@@ -1,0 +1,577 @@
+"""ResilientTransport against scripted mock upstreams, in virtual time, in every shell."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+
+import resilience as rs
+from resilience import backoff
+from resilience.breaker import CircuitBreaker, CircuitState
+from resilience.bulkhead import Bulkhead
+from resilience.errors import BulkheadFull, CircuitOpen, ConfigurationError, RateLimited, Rejected
+from resilience.httpx import HostPaused, HostPolicy, ResilientTransport, host_key
+from resilience.testing import FakeClock
+
+from .conftest import Send, Upstream
+
+A = "http://a.test/x"
+B = "http://b.test/x"
+NO_BACKOFF = backoff.constant(0.0)
+
+
+def always(status: int, headers: dict[str, str] | None = None) -> Any:
+    return lambda request, n: (status, headers or {})
+
+
+def first(failure: Any, then: Any = (200, {})) -> Any:
+    """The first answer is ``failure`` (a status or an exception), then ``then``."""
+
+    def script(request: httpx.Request, n: int) -> Any:
+        if n:
+            return then
+        return failure if isinstance(failure, BaseException) else (failure, {})
+
+    return script
+
+
+def transport(upstream: Upstream, **kwargs: Any) -> ResilientTransport:
+    kwargs.setdefault("backoff", NO_BACKOFF)
+    return ResilientTransport(upstream.transport, clock=upstream.clock, **kwargs)
+
+
+def test_a_good_answer_passes_through(send: Send, fake_clock: FakeClock) -> None:
+    """One request, one call upstream, the body as sent, nothing slept."""
+    upstream = Upstream(fake_clock, always(200))
+    response = send(transport(upstream), "GET", A)
+    assert (response.status_code, response.content) == (200, b"answer 0")
+    assert len(upstream.calls) == 1
+    assert fake_clock.sleeps == []
+
+
+@pytest.mark.parametrize("status", [429, 502, 503, 504])
+def test_retryable_statuses_are_retried_and_closed(
+    send: Send, fake_clock: FakeClock, status: int
+) -> None:
+    """A 429/502/503/504 is retried; the failed attempt's response is closed (no leak)."""
+    upstream = Upstream(fake_clock, first(status))
+    t = transport(upstream)
+    response = send(t, "GET", A)
+    assert response.status_code == 200
+    assert len(upstream.calls) == 2
+    assert upstream.leaked() == []
+    assert t.statistics().recovered == 1
+
+
+@pytest.mark.parametrize("status", [400, 404, 500, 501])
+def test_other_statuses_are_returned_as_is(send: Send, fake_clock: FakeClock, status: int) -> None:
+    """Statuses outside retry_statuses are answers, not failures to retry."""
+    upstream = Upstream(fake_clock, always(status))
+    assert send(transport(upstream), "GET", A).status_code == status
+    assert len(upstream.calls) == 1
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        httpx.ConnectError("refused"),
+        httpx.ReadTimeout("slow"),
+        httpx.RemoteProtocolError("closed early"),
+    ],
+)
+def test_transport_errors_are_retried(send: Send, fake_clock: FakeClock, error: Exception) -> None:
+    """Connection errors, timeouts and early closes are retried."""
+    upstream = Upstream(fake_clock, first(error))
+    assert send(transport(upstream), "GET", A).status_code == 200
+    assert len(upstream.calls) == 2
+
+
+def test_exhausted_retries_raise_the_last_error(send: Send, fake_clock: FakeClock) -> None:
+    """After ``attempts`` failures the last exception propagates."""
+    upstream = Upstream(fake_clock, lambda request, n: httpx.ConnectError(f"refused {n}"))
+    with pytest.raises(httpx.ConnectError, match="refused 2"):
+        send(transport(upstream, attempts=3), "GET", A)
+    assert len(upstream.calls) == 3
+
+
+def test_exhausted_retries_return_the_last_response(send: Send, fake_clock: FakeClock) -> None:
+    """After ``attempts`` 503s the caller gets the last 503, readable; earlier ones closed."""
+    upstream = Upstream(fake_clock, always(503))
+    t = transport(upstream, attempts=3)
+    response = send(t, "GET", A)
+    assert (response.status_code, response.content) == (503, b"answer 2")
+    assert len(upstream.calls) == 3
+    assert upstream.leaked() == []
+    assert t.statistics().exhausted == 1
+
+
+def test_other_exceptions_are_not_retried(send: Send, fake_clock: FakeClock) -> None:
+    """An error that is not in retry_on propagates after one attempt."""
+    upstream = Upstream(fake_clock, first(httpx.UnsupportedProtocol("gopher")))
+    with pytest.raises(httpx.UnsupportedProtocol):
+        send(transport(upstream), "GET", A)
+    assert len(upstream.calls) == 1
+
+
+def test_retries_wait_the_backoff(send: Send, fake_clock: FakeClock) -> None:
+    """Attempts are separated by the backoff schedule's delays."""
+    upstream = Upstream(fake_clock, always(503))
+    send(transport(upstream, attempts=3, backoff=[0.5, 1.5]), "GET", A)
+    assert [call.at for call in upstream.calls] == [0.0, 0.5, 2.0]
+
+
+def test_retry_after_2_on_a_429_makes_the_next_attempt_wait_2s(
+    send: Send, fake_clock: FakeClock
+) -> None:
+    """The retry waits at least Retry-After, even when the backoff is shorter."""
+    upstream = Upstream(
+        fake_clock, lambda request, n: (429, {"Retry-After": "2"}) if n == 0 else (200, {})
+    )
+    response = send(transport(upstream, backoff=[0.1]), "GET", A)
+    assert response.status_code == 200
+    first_at, second_at = (call.at for call in upstream.calls)
+    assert second_at - first_at >= 2.0
+
+
+def test_retry_after_as_http_date(send: Send, fake_clock: FakeClock) -> None:
+    """An HTTP-date Retry-After is measured from the response's Date."""
+    headers = {
+        "Date": "Tue, 14 Nov 2023 22:13:20 GMT",
+        "Retry-After": "Tue, 14 Nov 2023 22:13:23 GMT",
+    }
+    upstream = Upstream(fake_clock, lambda request, n: (503, headers) if n == 0 else (200, {}))
+    send(transport(upstream), "GET", A)
+    assert upstream.calls[1].at - upstream.calls[0].at >= 3.0
+
+
+def test_server_delays_are_capped(send: Send, fake_clock: FakeClock) -> None:
+    """A Retry-After of a day is trusted only up to max_server_delay."""
+    upstream = Upstream(
+        fake_clock, lambda request, n: (503, {"Retry-After": "86400"}) if n == 0 else (200, {})
+    )
+    send(transport(upstream, max_server_delay=5.0), "GET", A)
+    assert upstream.calls[1].at == pytest.approx(5.0)
+
+
+def test_ratelimit_r0_pauses_that_host_only(send: Send, fake_clock: FakeClock) -> None:
+    """After ``RateLimit: r=0;t=5`` the host waits for its reset; another host does not."""
+
+    def script(request: httpx.Request, n: int) -> Any:
+        paused = request.url.host == "a.test" and n == 0
+        return 200, {"RateLimit": "r=0;t=5"} if paused else {}
+
+    upstream = Upstream(fake_clock, script)
+    t = transport(upstream)
+    send(t, "GET", A)
+    send(t, "GET", B)
+    send(t, "GET", A)
+    assert [(call.host, call.at) for call in upstream.calls] == [
+        ("a.test", 0.0),
+        ("b.test", 0.0),
+        ("a.test", 5.0),
+    ]
+    assert t.statistics().pauses == 1
+
+
+def test_advertised_quota_is_spent_then_waits_for_reset(send: Send, fake_clock: FakeClock) -> None:
+    """``r=2;t=10`` lets two more requests go at once; the third waits for the reset."""
+    upstream = Upstream(
+        fake_clock, lambda request, n: (200, {"RateLimit": '"default";r=2;t=10'} if n == 0 else {})
+    )
+    t = transport(upstream)
+    for _ in range(4):
+        send(t, "GET", A)
+    assert [call.at for call in upstream.calls] == [0.0, 0.0, 0.0, 10.0]
+
+
+def test_legacy_fields_pace_too(send: Send, fake_clock: FakeClock) -> None:
+    """X-RateLimit-Remaining: 0 with X-RateLimit-Reset pauses the host."""
+    headers = {"X-RateLimit-Remaining": "0", "X-RateLimit-Reset": "3"}
+    upstream = Upstream(fake_clock, lambda request, n: (200, headers if n == 0 else {}))
+    t = transport(upstream)
+    send(t, "GET", A)
+    send(t, "GET", A)
+    assert upstream.calls[1].at == 3.0
+
+
+def test_server_signals_can_be_ignored(send: Send, fake_clock: FakeClock) -> None:
+    """server_signals=False: no pause, no waiting for Retry-After."""
+    upstream = Upstream(fake_clock, lambda request, n: (200, {"RateLimit": "r=0;t=5"}))
+    t = transport(upstream, server_signals=False)
+    send(t, "GET", A)
+    send(t, "GET", A)
+    assert [call.at for call in upstream.calls] == [0.0, 0.0]
+
+
+def test_a_pause_beyond_max_wait_rejects_without_sending(send: Send, fake_clock: FakeClock) -> None:
+    """A host paused longer than max_wait fails fast with Rejected(retry_after), unsent."""
+    upstream = Upstream(fake_clock, always(503, {"Retry-After": "50"}))
+    t = transport(upstream, attempts=1, max_wait=10.0)
+    assert send(t, "GET", A).status_code == 503
+    with pytest.raises(Rejected) as caught:
+        send(t, "GET", A)
+    assert isinstance(caught.value, RateLimited)
+    assert caught.value.retry_after == pytest.approx(50.0)
+    assert len(upstream.calls) == 1
+    assert t.statistics().rejected == 1
+    assert send(t, "GET", B).status_code == 503  # other hosts are not paused
+
+
+def test_non_idempotent_requests_are_not_retried(send: Send, fake_clock: FakeClock) -> None:
+    """A POST that got a 503, or a connection error, is not sent again."""
+    upstream = Upstream(fake_clock, first(503))
+    assert send(transport(upstream), "POST", A, content=b"order").status_code == 503
+    upstream = Upstream(fake_clock, first(httpx.ConnectError("refused")))
+    with pytest.raises(httpx.ConnectError):
+        send(transport(upstream), "POST", A, content=b"order")
+    assert len(upstream.calls) == 1
+
+
+def test_non_idempotent_requests_are_retried_when_configured(
+    send: Send, fake_clock: FakeClock
+) -> None:
+    """POST joins the retried methods through ``idempotent=``, or per request with an
+    Idempotency-Key field."""
+    upstream = Upstream(fake_clock, first(503))
+    t = transport(upstream, idempotent={"GET", "POST"})
+    assert send(t, "POST", A, content=b"order").status_code == 200
+    upstream = Upstream(fake_clock, first(503))
+    keyed = send(transport(upstream), "POST", A, content=b"x", headers={"Idempotency-Key": "k1"})
+    assert keyed.status_code == 200
+    assert [call.request.content for call in upstream.calls] == [b"x", b"x"]
+
+
+def test_streamed_request_bodies_are_not_retried(
+    send: Send, fake_clock: FakeClock, shell: str
+) -> None:
+    """A body from a generator can be sent once only, even with an idempotent method."""
+    upstream = Upstream(fake_clock, first(503))
+    if shell == "sync":
+        content: Any = iter([b"a", b"b"])
+    else:
+
+        async def chunks() -> Any:
+            yield b"a"
+            yield b"b"
+
+        content = chunks()
+    assert send(transport(upstream), "PUT", A, content=content).status_code == 503
+    assert len(upstream.calls) == 1
+
+
+def test_retry_budget_caps_retries(send: Send, fake_clock: FakeClock) -> None:
+    """An empty budget stops retrying: the failure is returned at once."""
+    budget = rs.RetryBudget(ratio=0.0, min_per_second=0.1, window=10.0, clock=fake_clock)
+    upstream = Upstream(fake_clock, always(503))
+    t = transport(upstream, attempts=5, budget=budget)
+    send(t, "GET", A)
+    assert len(upstream.calls) == 2  # the budget held one retry (0.1/s over 10 s)
+    send(t, "GET", A)
+    assert len(upstream.calls) == 3
+
+
+def test_deadline_clamps_timeouts_and_is_forwarded(send: Send, fake_clock: FakeClock) -> None:
+    """Each attempt's timeouts are cut to the time left; the header carries it."""
+    upstream = Upstream(fake_clock, lambda request, n: (503, {}) if n == 0 else (200, {}))
+    t = transport(upstream, backoff=[0.5], deadline_header="Request-Timeout")
+    with rs.deadline(2.0, clock=fake_clock):
+        send(t, "GET", A, timeout=httpx.Timeout(10.0, connect=1.0))
+    first_try, second_try = upstream.calls
+    assert first_try.timeout == {"connect": 1.0, "read": 2.0, "write": 2.0, "pool": 2.0}
+    assert first_try.headers["request-timeout"] == "2.000"
+    assert second_try.timeout["read"] == pytest.approx(1.5)
+    assert second_try.headers["request-timeout"] == "1.500"
+
+
+def test_no_deadline_leaves_timeouts_alone(send: Send, fake_clock: FakeClock) -> None:
+    """Without an ambient deadline the client's timeouts and headers are untouched."""
+    upstream = Upstream(fake_clock, always(200))
+    send(transport(upstream, deadline_header="Request-Timeout"), "GET", A, timeout=7.0)
+    call = upstream.calls[0]
+    assert call.timeout["read"] == 7.0
+    assert "request-timeout" not in call.headers
+
+
+def test_a_retry_that_would_overrun_the_deadline_is_not_made(
+    send: Send, fake_clock: FakeClock
+) -> None:
+    """Retry-After 5 with 1 s left: the 429 is returned now instead of waiting in vain."""
+    upstream = Upstream(fake_clock, always(429, {"Retry-After": "5"}))
+    t = transport(upstream)
+    with rs.deadline(1.0, clock=fake_clock):
+        assert send(t, "GET", A).status_code == 429
+    assert len(upstream.calls) == 1
+    assert fake_clock.monotonic() == 0.0
+
+
+def test_a_passed_deadline_raises_without_sending(send: Send, fake_clock: FakeClock) -> None:
+    """No time left: a timeout error, and nothing reaches the upstream."""
+    upstream = Upstream(fake_clock, always(200))
+    t = transport(upstream)
+    with rs.deadline(1.0, clock=fake_clock):
+        fake_clock.advance(1.0)
+        with pytest.raises(httpx.TimeoutException):
+            send(t, "GET", A)
+    assert upstream.calls == []
+
+
+def test_5xx_opens_the_hosts_breaker_others_unaffected(send: Send, fake_clock: FakeClock) -> None:
+    """A host answering 503s trips its own circuit; another host keeps being called."""
+    breaker = CircuitBreaker(
+        key=host_key, failure_rate=0.5, window=4, min_calls=4, open_for=30, clock=fake_clock
+    )
+    upstream = Upstream(
+        fake_clock, lambda request, n: (503, {}) if request.url.host == "a.test" else (200, {})
+    )
+    t = transport(upstream, attempts=1, breaker=breaker)
+    for _ in range(4):
+        assert send(t, "GET", A).status_code == 503
+    with pytest.raises(CircuitOpen):
+        send(t, "GET", A)
+    assert len(upstream.to("a.test")) == 4
+    assert send(t, "GET", B).status_code == 200
+    assert breaker.state_of("a.test") is CircuitState.OPEN
+    assert breaker.state_of("b.test") is CircuitState.CLOSED
+
+
+def test_429_is_not_a_breaker_failure(send: Send, fake_clock: FakeClock) -> None:
+    """Rate limiting is the server working as intended: the circuit stays closed."""
+    breaker = CircuitBreaker(
+        key=host_key, failure_rate=0.5, window=4, min_calls=4, clock=fake_clock
+    )
+    upstream = Upstream(fake_clock, always(429))
+    t = transport(upstream, attempts=1, breaker=breaker)
+    for _ in range(6):
+        assert send(t, "GET", A).status_code == 429
+    assert breaker.state_of("a.test") is CircuitState.CLOSED
+
+
+def test_connection_errors_are_breaker_failures(send: Send, fake_clock: FakeClock) -> None:
+    """Refused connections trip the breaker like 5xx answers."""
+    upstream = Upstream(fake_clock, lambda request, n: httpx.ConnectError("refused"))
+    t = transport(upstream, attempts=1, breaker=True)
+    for _ in range(100):
+        try:
+            send(t, "GET", A)
+        except httpx.ConnectError:
+            continue
+        except CircuitOpen:
+            break
+    else:
+        pytest.fail("the breaker never opened")
+    assert len(upstream.calls) < 100
+
+
+def test_limiter_is_per_host(send: Send, fake_clock: FakeClock) -> None:
+    """limiter="1/s": a second request to the same host waits a second, another host does not."""
+    upstream = Upstream(fake_clock, always(200))
+    t = transport(upstream, limiter="1/s")
+    send(t, "GET", A)
+    send(t, "GET", A)
+    send(t, "GET", B)
+    assert [(call.host, call.at) for call in upstream.calls] == [
+        ("a.test", 0.0),
+        ("a.test", 1.0),
+        ("b.test", 1.0),
+    ]
+
+
+def test_hosts_overrides_match_exact_names_and_globs(send: Send, fake_clock: FakeClock) -> None:
+    """``hosts=`` gives matching hosts their own limits; False removes one."""
+    upstream = Upstream(fake_clock, always(200))
+    t = transport(
+        upstream,
+        limiter="1/s",
+        hosts={"*.test": HostPolicy(limiter="1/10s"), "b.test": HostPolicy(limiter=False)},
+    )
+    for url in (A, A, B, B, "http://c.example/"):
+        send(t, "GET", url)
+    assert [(call.host, call.at) for call in upstream.calls] == [
+        ("a.test", 0.0),
+        ("a.test", 10.0),
+        ("b.test", 10.0),
+        ("b.test", 10.0),
+        ("c.example", 10.0),
+    ]
+
+
+def test_events_tell_what_happened(send: Send, fake_clock: FakeClock) -> None:
+    """Retries, pauses and give-ups are announced with the host as key."""
+    events: list[rs.Event] = []
+    upstream = Upstream(fake_clock, always(429, {"Retry-After": "1"}))
+    t = transport(upstream, attempts=2)
+    t.add_listener(events.append)
+    send(t, "GET", A)
+    kinds = [(type(event).__name__, event.key) for event in events]
+    assert kinds == [
+        ("HostPaused", "a.test"),
+        ("RetryScheduled", "a.test"),
+        ("HostPaused", "a.test"),
+        ("RetriesExhausted", "a.test"),
+    ]
+    paused = events[0]
+    assert isinstance(paused, HostPaused)
+    assert (paused.seconds, paused.reason) == (1.0, "retry-after")
+    t.remove_listener(events.append)
+
+
+def test_custom_key_groups_hosts(send: Send, fake_clock: FakeClock) -> None:
+    """key= decides what "one host" is: here every host of the same domain."""
+    upstream = Upstream(fake_clock, lambda request, n: (200, {"RateLimit": "r=0;t=4"}))
+    t = transport(upstream, key=lambda request: request.url.host.split(".", 1)[-1])
+    send(t, "GET", "http://one.shared.test/")
+    send(t, "GET", "http://two.shared.test/")
+    assert [call.at for call in upstream.calls] == [0.0, 4.0]
+
+
+def test_chaos_faulty_transport_inside(send: Send, fake_clock: FakeClock) -> None:
+    """Faults injected by chaos.FaultyTransport are retried per host as real ones."""
+    from resilience import chaos
+
+    upstream = Upstream(fake_clock, always(200))
+    faulty = chaos.FaultyTransport(
+        upstream.transport,
+        hosts={"a.test": [chaos.Status(503, retry_after=1)]},
+        enabled=True,
+        seed=1,
+        clock=fake_clock,
+    )
+    t = ResilientTransport(faulty, attempts=3, backoff=NO_BACKOFF, clock=fake_clock)
+    assert send(t, "GET", A).status_code == 503
+    assert fake_clock.monotonic() == pytest.approx(2.0)  # two retries, Retry-After 1 each
+    assert send(t, "GET", B).status_code == 200
+    assert len(upstream.calls) == 1  # a.test never got through
+
+
+# -- bulkhead slots and response lifetime (sync client streaming) ------------------------------
+
+
+def test_bulkhead_slot_is_held_until_the_body_is_closed(fake_clock: FakeClock) -> None:
+    """A streaming response keeps its host's slot until closed; other hosts are free."""
+    upstream = Upstream(fake_clock, always(200))
+    t = transport(upstream, bulkhead=Bulkhead(1, clock=fake_clock))
+    client = httpx.Client(transport=t)
+    with client.stream("GET", A) as streaming:
+        with pytest.raises(BulkheadFull):
+            client.get(A)
+        assert client.get(B).status_code == 200
+        assert streaming.read() == b"answer 0"
+    assert client.get(A).status_code == 200
+    assert upstream.leaked() == []
+
+
+def test_bulkhead_slot_is_released_when_the_attempt_fails(
+    send: Send, fake_clock: FakeClock
+) -> None:
+    """Failed attempts and retries give their slots back."""
+    bulkhead = Bulkhead(1, clock=fake_clock)
+    upstream = Upstream(
+        fake_clock, lambda request, n: httpx.ConnectError("x") if n < 2 else (503, {})
+    )
+    t = transport(upstream, bulkhead=bulkhead, attempts=4)
+    assert send(t, "GET", A).status_code == 503
+    assert bulkhead.statistics(key="a.test").in_flight == 0
+
+
+# -- configuration ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "fragment"),
+    [
+        ({"attempts": 0}, "attempts"),
+        ({"hedge": -1}, "hedge"),
+        ({"hedge": "p100"}, "hedge"),
+        ({"hedge": "fast"}, "hedge"),
+        ({"bulkhead": 0}, "bulkhead"),
+        ({"bulkhead": "4"}, "bulkhead"),
+        ({"limiter": 5}, "limiter"),
+        ({"breaker": "yes"}, "breaker"),
+        ({"max_wait": -1}, "max_wait"),
+        ({"max_server_delay": 0}, "max_server_delay"),
+        ({"retry_statuses": [200, 999]}, "retry_statuses"),
+        ({"idempotent": "GET"}, "idempotent"),
+        ({"retry_on": [ValueError, 3]}, "retry_on"),
+        ({"budget": 0.2}, "budget"),
+        ({"backoff": 1.0}, "backoff"),
+        ({"key": "host"}, "key"),
+        ({"deadline_header": ""}, "deadline_header"),
+        ({"hosts": {"a": {"bulkhead": 1}}}, "HostPolicy"),
+        ({"hosts": {"a": HostPolicy(bulkhead=-2)}}, "hosts['a'].bulkhead"),
+        ({"max_hosts": 0}, "max_hosts"),
+    ],
+)
+def test_bad_arguments_fail_at_construction(kwargs: dict[str, Any], fragment: str) -> None:
+    """Every bad argument raises ConfigurationError naming it."""
+    with pytest.raises(ConfigurationError, match=fragment.replace("[", r"\[").replace("]", r"\]")):
+        ResilientTransport(httpx.MockTransport(lambda r: httpx.Response(200)), **kwargs)
+
+
+def test_inner_must_be_a_transport() -> None:
+    """A non-transport inner is refused at construction."""
+    with pytest.raises(ConfigurationError, match="inner"):
+        ResilientTransport(object())  # type: ignore[arg-type]
+
+
+def test_host_key_includes_non_default_ports() -> None:
+    """Two servers on one address are two hosts; default ports are left out."""
+    assert host_key(httpx.Request("GET", "http://127.0.0.1:8001/")) == "127.0.0.1:8001"
+    assert host_key(httpx.Request("GET", "https://Example.COM:443/")) == "example.com"
+
+
+@pytest.mark.anyio
+async def test_bulkhead_waiters_are_served_by_request_priority(fake_clock: FakeClock) -> None:
+    """extensions={PRIORITY: n}: when the host's slot frees, the lower number goes first."""
+    from resilience.httpx import PRIORITY
+
+    upstream = Upstream(fake_clock, always(200))
+    t = transport(upstream, bulkhead=Bulkhead(1, max_wait=60.0, clock=fake_clock))
+    order: list[str] = []
+
+    async def get(client: httpx.AsyncClient, name: str, priority: int) -> None:
+        await client.get(A, extensions={PRIORITY: priority})
+        order.append(name)
+
+    async with httpx.AsyncClient(transport=t) as client:
+        async with client.stream("GET", A) as holding:
+            async with anyio.create_task_group() as group:
+                group.start_soon(get, client, "batch", 10)
+                await anyio.wait_all_tasks_blocked()
+                group.start_soon(get, client, "interactive", 0)
+                await anyio.wait_all_tasks_blocked()
+                await holding.aread()
+                await holding.aclose()
+    assert order == ["interactive", "batch"]
+
+
+@pytest.mark.anyio
+async def test_cancelled_requests_leak_no_slot_and_no_probe(fake_clock: FakeClock) -> None:
+    """Cancelled while waiting for a slot, or while in flight: the slot and the breaker's
+    half-open probe are given back, so the host keeps working."""
+    started = anyio.Event()
+
+    async def upstream(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/hang":
+            started.set()
+            await anyio.sleep_forever()
+        return httpx.Response(200)
+
+    bulkhead = Bulkhead(1, max_wait=60.0, clock=fake_clock)
+    breaker = CircuitBreaker(key=host_key, half_open_calls=1, clock=fake_clock)
+    t = ResilientTransport(
+        httpx.MockTransport(upstream), bulkhead=bulkhead, breaker=breaker, clock=fake_clock
+    )
+    breaker.open("a.test", seconds=1.0)
+    fake_clock.advance(1.0)  # half-open: one probe allowed
+    async with httpx.AsyncClient(transport=t) as client:
+        async with anyio.create_task_group() as group:
+            group.start_soon(client.get, "http://a.test/hang")
+            await started.wait()
+            group.start_soon(client.get, A)  # waits for the only slot
+            await anyio.wait_all_tasks_blocked()
+            group.cancel_scope.cancel()
+        assert bulkhead.statistics(key="a.test").in_flight == 0
+        assert (await client.get(A)).status_code == 200  # the probe was freed, slot too
