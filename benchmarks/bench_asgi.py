@@ -1,0 +1,388 @@
+"""ASGI middleware (issue 6): per-request overhead in process, and req/s under uvicorn + wrk.
+
+In process (no socket): each case calls an ASGI app directly with a fresh scope and
+no-op ``receive``/``send``, so the difference to the bare app is the middleware's
+own cost. Ours: :class:`RateLimitMiddleware` with an in-memory ``RateLimiter`` (never
+refusing) and IETF headers on. Peers, in the same run: slowapi's decorator (needs a
+``request`` parameter on the endpoint), its ``SlowAPIASGIMiddleware`` and its
+``SlowAPIMiddleware`` (a Starlette ``BaseHTTPMiddleware``), all with headers enabled.
+
+Under uvicorn (loopback, one worker per app, httptools when installed): ``wrk`` for a
+few seconds per app, apps interleaved round by round; the median of each app's req/s and
+of its per-round ratio to the bare app, plus the server's CPU time per request (the
+steadier number on a shared machine). Skipped with a note when ``wrk`` is missing
+(Debian: ``apt-get install wrk``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ._harness import Report, measure_async
+
+HUGE = "1000000000/second"
+SLOWAPI_HUGE = "1000000000/second"
+
+
+# -- the apps ------------------------------------------------------------------------------
+
+
+async def raw_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """A bare ASGI app: the floor every case is compared to."""
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": [(b"content-type", b"text/plain")],
+        }
+    )
+    await send({"type": "http.response.body", "body": b"ok"})
+
+
+def ours_raw() -> Any:
+    from resilience.asgi import RateLimitMiddleware
+    from resilience.ratelimit import RateLimiter
+
+    return RateLimitMiddleware(raw_app, limiter=RateLimiter(HUGE))
+
+
+def starlette_app(middleware: list[Any] | None = None) -> Any:
+    from starlette.applications import Starlette
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+
+    async def home(request: Any) -> PlainTextResponse:
+        return PlainTextResponse("ok")
+
+    return Starlette(routes=[Route("/", home)], middleware=middleware or [])
+
+
+def ours_starlette() -> Any:
+    from starlette.middleware import Middleware
+
+    from resilience.asgi import RateLimitMiddleware
+    from resilience.ratelimit import RateLimiter
+
+    return starlette_app([Middleware(RateLimitMiddleware, limiter=RateLimiter(HUGE))])
+
+
+def _slowapi_limiter(**kwargs: Any) -> Any:
+    from slowapi import Limiter
+    from slowapi.util import get_remote_address
+
+    return Limiter(key_func=get_remote_address, headers_enabled=True, **kwargs)
+
+
+def slowapi_decorator() -> Any:
+    from slowapi import _rate_limit_exceeded_handler
+    from slowapi.errors import RateLimitExceeded
+    from starlette.applications import Starlette
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+
+    limiter = _slowapi_limiter()
+
+    @limiter.limit(SLOWAPI_HUGE)
+    async def home(request: Any) -> PlainTextResponse:
+        return PlainTextResponse("ok")
+
+    app = Starlette(routes=[Route("/", home)])
+    app.state.limiter = limiter
+    app.add_exception_handler(RateLimitExceeded, _rate_limit_exceeded_handler)  # type: ignore[arg-type]
+    return app
+
+
+def _slowapi_middleware(kind: str) -> Any:
+    from slowapi import _rate_limit_exceeded_handler
+    from slowapi.errors import RateLimitExceeded
+    from slowapi.middleware import SlowAPIASGIMiddleware, SlowAPIMiddleware
+    from starlette.middleware import Middleware
+
+    limiter = _slowapi_limiter(default_limits=[SLOWAPI_HUGE])
+    cls = SlowAPIASGIMiddleware if kind == "asgi" else SlowAPIMiddleware
+    app = starlette_app([Middleware(cls)])
+    app.state.limiter = limiter
+    app.add_exception_handler(RateLimitExceeded, _rate_limit_exceeded_handler)  # type: ignore[arg-type]
+    return app
+
+
+def slowapi_asgi() -> Any:
+    return _slowapi_middleware("asgi")
+
+
+def slowapi_base_http() -> Any:
+    return _slowapi_middleware("base")
+
+
+def bare_starlette() -> Any:
+    return starlette_app()
+
+
+# -- in process ----------------------------------------------------------------------------
+
+_SCOPE: dict[str, Any] = {
+    "type": "http",
+    "asgi": {"version": "3.0"},
+    "http_version": "1.1",
+    "method": "GET",
+    "scheme": "http",
+    "path": "/",
+    "raw_path": b"/",
+    "root_path": "",
+    "query_string": b"",
+    "headers": [(b"host", b"127.0.0.1"), (b"user-agent", b"bench")],
+    "client": ("127.0.0.1", 40000),
+    "server": ("127.0.0.1", 8000),
+}
+
+
+async def _receive() -> dict[str, Any]:
+    return {"type": "http.request", "body": b"", "more_body": False}
+
+
+async def _send(message: Any) -> None:
+    return None
+
+
+def _case(app: Any) -> Callable[[], Any]:
+    scope = _SCOPE
+
+    def run() -> Any:
+        return app(dict(scope), _receive, _send)
+
+    return run
+
+
+def _check(app: Any) -> None:
+    """Make sure every case answers 200 with its rate-limit headers (fair comparison)."""
+    import asyncio
+
+    sent: list[Any] = []
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    asyncio.run(app(dict(_SCOPE), _receive, send))
+    start = sent[0]
+    assert start["status"] == 200, start
+    names = {k.lower() for k, _ in start["headers"]}
+    assert names & {b"ratelimit", b"x-ratelimit-limit", b"x-ratelimit-remaining"}, names
+
+
+def _in_process(report: Report, quick: bool) -> None:
+    apps = {
+        "bare ASGI app": raw_app,
+        "RateLimitMiddleware(bare ASGI app)": ours_raw(),
+        "bare Starlette app": bare_starlette(),
+        "Starlette + RateLimitMiddleware": ours_starlette(),
+        "Starlette + slowapi @limiter.limit decorator": slowapi_decorator(),
+        "Starlette + slowapi SlowAPIASGIMiddleware": slowapi_asgi(),
+        "Starlette + slowapi SlowAPIMiddleware (BaseHTTPMiddleware)": slowapi_base_http(),
+    }
+    for name, app in apps.items():
+        if name.startswith("bare"):
+            continue
+        _check(app)
+    number = 2_000 if quick else 10_000
+    results = measure_async(
+        {name: _case(app) for name, app in apps.items()}, number=number, rounds=report.rounds
+    )
+    raw = results["bare ASGI app"]
+    starlette = results["bare Starlette app"]
+    section = report.section(
+        "ASGI rate limiting, in-process overhead per request (issue 6)",
+        "the same app without rate limiting (bare ASGI app / bare Starlette app)",
+    )
+    section.add("bare ASGI app", raw, ours=True)
+    section.add(
+        "RateLimitMiddleware(bare ASGI app)",
+        results["RateLimitMiddleware(bare ASGI app)"],
+        baseline_s=raw,
+        target_us=3.0,
+        note="memory backend, IETF headers on",
+    )
+    section.add("bare Starlette app", starlette, ours=True)
+    section.add(
+        "Starlette + RateLimitMiddleware",
+        results["Starlette + RateLimitMiddleware"],
+        baseline_s=starlette,
+        target_us=3.0,
+        note="memory backend, IETF headers on",
+    )
+    for name in (
+        "Starlette + slowapi @limiter.limit decorator",
+        "Starlette + slowapi SlowAPIASGIMiddleware",
+        "Starlette + slowapi SlowAPIMiddleware (BaseHTTPMiddleware)",
+    ):
+        section.add(name, results[name], baseline_s=starlette, ours=False, note="headers_enabled")
+    ours_overhead = results["Starlette + RateLimitMiddleware"] - starlette
+    peer_overhead = results["Starlette + slowapi @limiter.limit decorator"] - starlette
+    section.notes.append(
+        "Each call builds a fresh scope dict and runs the app to completion in one asyncio "
+        "loop; no socket, no HTTP parsing. slowapi uses its default in-memory storage. "
+        f"In this run RateLimitMiddleware costs {ours_overhead / peer_overhead:.1%} of the "
+        "slowapi decorator's overhead (a load-independent view when the machine is busy)."
+    )
+
+
+# -- uvicorn + wrk ---------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _http_impl() -> str:
+    """uvicorn's HTTP parser: httptools (what ``uvicorn[standard]`` deploys) when present."""
+    try:
+        import httptools  # noqa: F401
+    except ImportError:
+        return "h11"
+    return "httptools"
+
+
+def _start_uvicorn(factory: str) -> tuple[subprocess.Popen[bytes], int]:
+    port = _free_port()
+    root = Path(__file__).resolve().parent.parent
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "--factory",
+            f"benchmarks.bench_asgi:{factory}",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+            "--no-access-log",
+            "--http",
+            _http_impl(),
+        ],
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+    )
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return process, port
+        except OSError:
+            time.sleep(0.05)
+    process.kill()
+    raise RuntimeError(f"uvicorn ({factory}) did not start")
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process (Linux /proc), in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _wrk(port: int, seconds: int) -> tuple[float, int]:
+    """``(requests per second, requests)`` of one wrk run."""
+    out = subprocess.run(
+        ["wrk", "-t1", "-c32", f"-d{seconds}s", f"http://127.0.0.1:{port}/"],
+        capture_output=True,
+        text=True,
+        timeout=seconds + 30,
+        check=True,
+    ).stdout
+    non_2xx = re.search(r"Non-2xx or 3xx responses:\s*(\d+)", out)
+    if non_2xx:
+        raise RuntimeError(f"wrk saw {non_2xx.group(1)} error responses:\n{out}")
+    rate = re.search(r"Requests/sec:\s*([0-9.]+)", out)
+    count = re.search(r"(\d+) requests in", out)
+    if rate is None or count is None:
+        raise RuntimeError(f"cannot read wrk output:\n{out}")
+    return float(rate.group(1)), int(count.group(1))
+
+
+def _uvicorn(report: Report, quick: bool) -> None:
+    section = report.section(
+        "ASGI rate limiting under uvicorn + wrk on loopback (issue 6)",
+        "the bare Starlette app under the same server, same run",
+    )
+    if shutil.which("wrk") is None:
+        section.notes.append(
+            "Skipped: `wrk` is not installed (Debian: `apt-get install -y wrk`; the benchmark "
+            "target installs it when it can)."
+        )
+        return
+    factories = {
+        "bare Starlette app": "bare_starlette",
+        "Starlette + RateLimitMiddleware": "ours_starlette",
+        "Starlette + slowapi SlowAPIASGIMiddleware": "slowapi_asgi",
+        "Starlette + slowapi @limiter.limit decorator": "slowapi_decorator",
+    }
+    seconds = 2
+    rounds = 4 if quick else 8
+    servers = {}
+    try:
+        for name, factory in factories.items():
+            servers[name] = _start_uvicorn(factory)
+        for _, port in servers.values():
+            _wrk(port, 1)  # warm up
+        rps: dict[str, list[float]] = {name: [] for name in factories}
+        ratios: dict[str, list[float]] = {name: [] for name in factories}
+        cpu: dict[str, list[float]] = {name: [] for name in factories}
+        for _ in range(rounds):
+            # One short run per app, interleaved: background load hits a round evenly,
+            # so the ratio to the bare app of the *same round* is the robust number.
+            measured: dict[str, float] = {}
+            for name, (process, port) in servers.items():
+                before = _cpu_seconds(process.pid)
+                measured[name], requests = _wrk(port, seconds)
+                cpu[name].append((_cpu_seconds(process.pid) - before) / requests)
+            for name, value in measured.items():
+                rps[name].append(value)
+                ratios[name].append(value / measured["bare Starlette app"])
+    finally:
+        for process, _ in servers.values():
+            process.terminate()
+        for process, _ in servers.values():
+            process.wait(10)
+    bare_cpu = statistics.median(cpu["bare Starlette app"])
+    for name in factories:
+        median_rps = statistics.median(rps[name])
+        ratio = statistics.median(ratios[name])
+        server_cpu = statistics.median(cpu[name])
+        target = ">= 0.9x bare" if name == "Starlette + RateLimitMiddleware" else ""
+        section.add(
+            name,
+            1.0 / median_rps,
+            ours="slowapi" not in name,
+            target_text=target,
+            met=(ratio >= 0.9) if target else None,
+            note=(
+                f"{median_rps:,.0f} req/s, {ratio:.2f}x bare; server CPU "
+                f"{server_cpu * 1e6:.0f} µs/request ({bare_cpu / server_cpu:.2f}x bare)"
+            ),
+        )
+    section.notes.append(
+        f"`wrk -t1 -c32 -d{seconds}s` against one uvicorn worker per app ({_http_impl()}, no "
+        f"access log), {rounds} interleaved rounds; medians of req/s and of the per-round ratio to "
+        "the bare app. 'per call' is 1 / req/s. Client and servers share the machine's cores, "
+        "so req/s moves with other load; the server's CPU time per request (from /proc) is "
+        "the steadier measure of the middleware's cost."
+    )
+
+
+def run(report: Report, quick: bool) -> None:
+    """Entry point for ``python -m benchmarks``."""
+    _in_process(report, quick)
+    _uvicorn(report, quick)

@@ -1,0 +1,288 @@
+"""ConcurrencyLimitMiddleware: load shedding with a bounded, prioritised queue."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from re import Pattern
+from typing import Any
+
+import anyio
+
+from .._clock import SYSTEM_CLOCK, Clock
+from .._events import GLOBAL_LISTENERS, Listener
+from .._validate import check_callable, check_int, check_number
+from ..errors import BackendError, BulkheadFull, ConfigurationError, ResilienceError
+from ._base import Observed
+from ._events import RequestAdmitted, RequestCompleted
+from ._headers import retry_after_value
+from ._keys import KeyFunction, _as_key, cached_digest
+from ._problem import REDUCED_CAPACITY, Problem
+from ._rules import UNSET, Matcher, Rule, path_predicate
+from ._types import ASGIApp, Receive, Scope, Send
+
+__all__ = ["ConcurrencyLimitMiddleware", "header_priority"]
+
+_ALLOWED = ("bulkhead", "priority", "key", "max_wait")
+_URGENCY = re.compile(r"(?:^|,)\s*u\s*=\s*([0-9]+)")
+
+#: Named priority classes understood by :func:`header_priority` (lower = more urgent).
+PRIORITY_CLASSES: Mapping[str, int] = {"interactive": 0, "default": 5, "batch": 10}
+
+
+def header_priority(
+    name: str = "priority",
+    *,
+    default: int = 5,
+    classes: Mapping[str, int] = PRIORITY_CLASSES,
+    minimum: int = 0,
+    maximum: int = 10,
+) -> Callable[[Scope], int]:
+    """Read a request's priority (lower = served first) from a header.
+
+    Understands an integer (``X-Priority: 2``), a class name from ``classes``
+    (``interactive`` 0, ``default`` 5, ``batch`` 10) and the RFC 9218 ``Priority``
+    field's urgency (``u=1``). Values are clamped to ``[minimum, maximum]`` and a
+    missing or unreadable header means ``default``. Clients can claim any priority:
+    only trust this header when it is set by your own gateway or first-party clients.
+
+    Example::
+
+        ConcurrencyLimitMiddleware(app, bulkhead=bulkhead,
+                                   priority=header_priority("x-priority", default=5))
+    """
+    check_int("default", default, minimum=minimum, maximum=maximum)
+    header_bytes = name.lower().encode("latin-1")
+    lowered = {k.lower(): int(v) for k, v in classes.items()}
+
+    def priority(scope: Scope) -> int:
+        for key, raw in scope.get("headers", ()):
+            if key != header_bytes:
+                continue
+            value = raw.decode("latin-1").strip().lower()
+            if value in lowered:
+                number = lowered[value]
+            elif value.lstrip("-").isdigit():
+                number = int(value)
+            else:
+                match = _URGENCY.search(value)
+                if match is None:
+                    return default
+                number = int(match.group(1))
+            return min(maximum, max(minimum, number))
+        return default
+
+    return priority
+
+
+class _Plan:
+    __slots__ = ("acquire", "key", "max_wait", "policy", "priority", "priority_fn")
+
+    def __init__(
+        self,
+        bulkhead: Any,
+        key: KeyFunction | None,
+        priority: int | Callable[[Scope], int] | None,
+        max_wait: float | None,
+    ) -> None:
+        if not callable(getattr(bulkhead, "acquire_async", None)):
+            raise ConfigurationError(
+                f"bulkhead must be a rs.Bulkhead (with acquire_async), got {bulkhead!r}"
+            )
+        self.acquire = bulkhead.acquire_async
+        self.policy = str(getattr(bulkhead, "name", "Bulkhead"))
+        self.key = None if key is None else _as_key(key).func
+        if callable(priority):
+            self.priority_fn: Callable[[Scope], int] | None = priority
+            self.priority: int | None = None
+        else:
+            self.priority_fn = None
+            self.priority = check_int("priority", priority, minimum=-(2**31), allow_none=True)
+        self.max_wait: float | None = check_number("max_wait", max_wait, allow_none=True)
+
+
+class ConcurrencyLimitMiddleware(Observed):
+    """Shed load: cap requests in flight, queue a few briefly, refuse the rest with 503.
+
+    Each request takes a permit from ``bulkhead`` (a :class:`resilience.Bulkhead`) for
+    its whole duration, streaming included. When none is free it waits in the
+    bulkhead's queue for at most ``max_wait`` (default: the bulkhead's), served by
+    ``priority`` (lower first: ``0`` interactive before ``10`` batch; an int, a
+    ``scope -> int`` such as :func:`header_priority`, or per-route via ``rules``), and
+    FIFO within a priority. A request that does not get in is refused with ``503``,
+    ``Retry-After`` and an ``application/problem+json`` body of type
+    ``temporary-reduced-capacity``. ``key`` makes the cap per key (per client,
+    per tenant); keys are hashed first. Websocket and lifespan scopes pass through
+    unless a rule names them.
+
+    Example::
+
+        bulkhead = rs.Bulkhead(64, max_wait=0.5)
+        app.add_middleware(
+            ConcurrencyLimitMiddleware,
+            bulkhead=bulkhead,
+            priority=header_priority("x-priority"),
+            rules=[Rule("/batch/*", priority=10), Rule("/healthz", exempt=True)],
+        )
+    """
+
+    __slots__ = (
+        "_clock",
+        "_default",
+        "_exempt_path",
+        "_exempt_when",
+        "_hash",
+        "_listeners",
+        "_match",
+        "_plans",
+        "_problem",
+        "_scope_types",
+        "app",
+        "name",
+        "retry_after",
+        "shed",
+    )
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        bulkhead: Any,
+        key: KeyFunction | None = None,
+        priority: int | Callable[[Scope], int] | None = None,
+        max_wait: float | None = None,
+        retry_after: float = 1.0,
+        exempt: Sequence[str | Pattern[str]] = (),
+        exempt_when: Callable[[Scope], bool] | None = None,
+        rules: Iterable[Rule] = (),
+        hash_keys: bool = True,
+        clock: Clock | None = None,
+        name: str = "ConcurrencyLimitMiddleware",
+    ) -> None:
+        self.app = app
+        self._clock: Clock = SYSTEM_CLOCK if clock is None else clock
+        self.name = name
+        self._listeners: list[Listener] = []
+        self._hash = bool(hash_keys)
+        self.retry_after: float = check_number("retry_after", retry_after)
+        if isinstance(exempt, str):
+            exempt = [exempt]
+        self._exempt_path = path_predicate(list(exempt))
+        self._exempt_when = check_callable("exempt_when", exempt_when)
+        self._default = _Plan(bulkhead, key, priority, max_wait)
+        matcher = Matcher(rules, allowed=_ALLOWED, owner="ConcurrencyLimitMiddleware")
+        plans: list[_Plan | None] = []
+        for rule in matcher.rules:
+            if rule.exempt:
+                plans.append(None)
+                continue
+            plans.append(
+                _Plan(
+                    bulkhead if rule.bulkhead is UNSET else rule.bulkhead,
+                    key if rule.key is UNSET else rule.key,
+                    priority if rule.priority is UNSET else rule.priority,
+                    max_wait if rule.max_wait is UNSET else rule.max_wait,
+                )
+            )
+        self._plans = plans
+        self._match = matcher if matcher.rules else None
+        self._scope_types = matcher.scope_types - {"http"}
+        self._problem = Problem(
+            503,
+            REDUCED_CAPACITY,
+            "Service capacity temporarily reduced",
+            detail="too many requests in flight; retry later",
+        )
+        #: Requests refused with 503 so far.
+        self.shed = 0
+
+    def statistics(self) -> dict[str, int]:
+        """Counters since construction.
+
+        Example: ``middleware.statistics()   # {"shed": 12}``
+        """
+        return {"shed": self.shed}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind != "http" and kind not in self._scope_types:
+            await self.app(scope, receive, send)
+            return
+        plan: _Plan | None = self._default
+        if self._match is not None:
+            found = self._match.match(scope)
+            if found is not None:
+                plan = self._plans[found[0]]
+            elif kind != "http":
+                plan = None
+        if (
+            plan is None
+            or (self._exempt_path is not None and self._exempt_path(scope["path"]))
+            or (self._exempt_when is not None and self._exempt_when(scope))
+        ):
+            await self.app(scope, receive, send)
+            return
+        key: str | None = None
+        if plan.key is not None:
+            key = plan.key(scope)
+            if key is None:
+                await self.app(scope, receive, send)
+                return
+            if self._hash:
+                key = cached_digest(key)
+        priority = plan.priority if plan.priority_fn is None else plan.priority_fn(scope)
+        observed = bool(GLOBAL_LISTENERS or self._listeners)
+        started = self._clock.monotonic() if observed else 0.0
+        try:
+            if plan.max_wait is None:
+                permit = await plan.acquire(key, priority=priority)
+            else:
+                permit = await plan.acquire(key, priority=priority, max_wait=plan.max_wait)
+        except (BulkheadFull, BackendError) as exc:
+            self.shed += 1
+            hint = getattr(exc, "retry_after", None)
+            headers = [
+                (b"retry-after", retry_after_value(self.retry_after if hint is None else hint))
+            ]
+            if kind == "http":
+                await self._problem.send(send, headers)
+            else:
+                await self._problem.send_websocket(send, scope, 1013, headers)
+            return
+        if not observed:
+            try:
+                await self.app(scope, receive, send)
+            finally:
+                _release(permit)
+            return
+        admitted = self._clock.monotonic()
+        self._emit(
+            RequestAdmitted(
+                policy=plan.policy, key=key, waited=admitted - started, priority=priority
+            )
+        )
+        outcome = "completed"
+        try:
+            await self.app(scope, receive, send)
+        except BaseException as exc:
+            outcome = "cancelled" if isinstance(exc, anyio.get_cancelled_exc_class()) else "error"
+            raise
+        finally:
+            _release(permit)
+            self._emit(
+                RequestCompleted(
+                    policy=plan.policy,
+                    key=key,
+                    duration=self._clock.monotonic() - admitted,
+                    outcome=outcome,
+                )
+            )
+
+
+def _release(permit: Any) -> None:
+    # Released even when the request was cancelled (timeout, client gone); a lost
+    # distributed lease was already reported by the bulkhead's own event.
+    try:
+        permit.release()
+    except ResilienceError:
+        pass

@@ -1,0 +1,455 @@
+"""Key functions: which bucket (or which concurrency domain) a request belongs to.
+
+A key function takes the ASGI scope and returns a string, or ``None`` when the request
+has no such key (no API key header, anonymous user): the middleware then leaves it
+unlimited, so compose with a fallback (``api_key() | client_ip()``) when that matters.
+
+Keys are combined with ``+`` (all parts: per client *and* route) and ``|`` (the first
+that exists). Every key is prefixed by its kind (``ip:``, ``key:``, ``route:``...) and
+the middleware hashes it (BLAKE2b, 128 bits) before it reaches a limiter or backend, so
+raw IP addresses and API keys are never stored in Redis.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import re
+from collections.abc import Callable, Iterable
+from ipaddress import IPv4Address, IPv6Address, ip_address, ip_network
+from typing import Any
+from urllib.parse import parse_qsl
+
+from ..errors import ConfigurationError
+from ._types import Scope
+
+__all__ = [
+    "Key",
+    "KeyFunction",
+    "api_key",
+    "client_ip",
+    "combine",
+    "digest",
+    "first",
+    "header",
+    "route",
+    "user",
+]
+
+#: What a middleware accepts as ``key=``: a :class:`Key` or any ``scope -> str | None``.
+KeyFunction = Callable[[Scope], str | None]
+
+
+class Key:
+    """A composable key function: ``key(scope) -> str | None``.
+
+    ``a + b`` keys by both (``client_ip() + route()``: per client per route);
+    ``a | b`` uses ``a`` and falls back to ``b`` when ``a`` is ``None``
+    (``api_key() | client_ip()``: per API key, anonymous callers per IP).
+
+    Example::
+
+        key = rs.asgi.api_key() | rs.asgi.client_ip(trusted_proxies=["10.0.0.0/8"])
+        RateLimitMiddleware(app, limiter=limiter, key=key)
+    """
+
+    __slots__ = ("func", "name")
+
+    def __init__(self, func: KeyFunction, name: str) -> None:
+        self.func: KeyFunction = func
+        self.name = name
+
+    def __call__(self, scope: Scope) -> str | None:
+        """The key of the request described by ``scope`` (``None``: no key)."""
+        return self.func(scope)
+
+    def __add__(self, other: KeyFunction) -> Key:
+        return combine(self, other)
+
+    def __or__(self, other: KeyFunction) -> Key:
+        return first(self, other)
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+def _as_key(func: KeyFunction) -> Key:
+    if isinstance(func, Key):
+        return func
+    if not callable(func):
+        raise ConfigurationError(f"key must be a key function (scope -> str | None), got {func!r}")
+    return Key(func, getattr(func, "__name__", repr(func)))
+
+
+_DIGESTS: dict[str, str] = {}
+_DIGESTS_MAX = 8192
+
+
+def cached_digest(key: str) -> str:
+    """:func:`digest` through a small bounded memo (cleared when full): repeat clients
+    skip the hash. Bounded, so attacker-chosen keys cannot grow it."""
+    value = _DIGESTS.get(key)
+    if value is None:
+        value = hashlib.blake2b(key.encode("utf-8", "surrogateescape"), digest_size=16).hexdigest()
+        if len(_DIGESTS) >= _DIGESTS_MAX:
+            _DIGESTS.clear()
+        _DIGESTS[key] = value
+    return value
+
+
+def digest(key: str) -> str:
+    """The 128-bit BLAKE2b hex digest of ``key``: what reaches limiters and backends.
+
+    Stable across processes and machines (no per-process salt), so every replica of a
+    service shares the same Redis buckets.
+
+    Example::
+
+        >>> len(rs.asgi.digest("ip:203.0.113.7"))
+        32
+    """
+    return hashlib.blake2b(key.encode("utf-8", "surrogateescape"), digest_size=16).hexdigest()
+
+
+# -- client_ip ---------------------------------------------------------------------------
+
+_ELEMENT = re.compile(r'(?:[^,"]|"(?:[^"\\]|\\.)*")+')
+_FOR_PARAM = re.compile(r'(?:^|;)\s*for\s*=\s*("(?:[^"\\]|\\.)*"|[^;]*)', re.IGNORECASE)
+
+
+def _parse_node(token: str) -> IPv4Address | IPv6Address | None:
+    """An address from an X-Forwarded-For entry or a Forwarded ``for=`` node."""
+    token = token.strip().strip('"').strip()
+    if token.startswith("["):  # "[2001:db8::1]:4711"
+        end = token.find("]")
+        if end < 0:
+            return None
+        token = token[1:end]
+    elif token.count(":") == 1:  # "192.0.2.1:8080"
+        token = token.partition(":")[0]
+    try:
+        address = ip_address(token)
+    except ValueError:
+        return None  # "unknown", "_hidden" obfuscated identifiers, garbage
+    if isinstance(address, IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    return address
+
+
+def _forwarded_for(values: list[str]) -> list[str]:
+    """The ``for=`` node of every element of ``Forwarded`` (RFC 7239), in order."""
+    nodes: list[str] = []
+    for value in values:
+        for element in _ELEMENT.findall(value):
+            match = _FOR_PARAM.search(element.strip())
+            nodes.append(match.group(1) if match else "")
+    return nodes
+
+
+def _x_forwarded_for(values: list[str]) -> list[str]:
+    return [part for value in values for part in value.split(",")]
+
+
+def client_ip(
+    trusted_proxies: Iterable[str] = (),
+    *,
+    header: str = "x-forwarded-for",
+    ipv6_prefix: int | None = None,
+) -> Key:
+    """Key by client IP address, believing forwarding headers only from trusted hops.
+
+    Without ``trusted_proxies`` the key is the socket peer (``scope["client"]``) and
+    forwarding headers are ignored, so clients cannot choose their own key. With them,
+    when the peer is a trusted proxy, the addresses in ``header`` (``"x-forwarded-for"``
+    or ``"forwarded"``, RFC 7239) are walked from the right, skipping trusted hops; the
+    first untrusted address is the client. Entries that are not IP addresses
+    (``unknown``, obfuscated ``_hidden`` nodes) stop the walk at the last trusted hop.
+    ``trusted_proxies`` holds addresses and networks (``"10.0.0.0/8"``), and ``"unix"``
+    to trust a peer on a Unix socket (no ``scope["client"]``). ``ipv6_prefix=64`` keys
+    IPv6 clients by network, since one host usually owns a whole /64.
+
+    Name only the header your outermost proxy *overwrites or appends to*: a client can
+    send any header the proxy passes through untouched.
+
+    Example::
+
+        # nginx on 10.0.0.5 appends $remote_addr to X-Forwarded-For
+        key = rs.asgi.client_ip(trusted_proxies=["10.0.0.5"])
+    """
+    proxies = [str(p) for p in trusted_proxies]
+    trust_unix = "unix" in proxies
+    try:
+        networks = tuple(ip_network(p, strict=False) for p in proxies if p != "unix")
+    except ValueError as exc:
+        raise ConfigurationError(
+            f"trusted_proxies must hold IP addresses or networks (or 'unix'): {exc}"
+        ) from None
+    header_name = header.lower()
+    if header_name not in ("x-forwarded-for", "forwarded"):
+        raise ConfigurationError(
+            f"header must be one of 'x-forwarded-for', 'forwarded', got {header!r}"
+        )
+    if ipv6_prefix is not None and (
+        isinstance(ipv6_prefix, bool)
+        or not isinstance(ipv6_prefix, int)
+        or not 0 < ipv6_prefix <= 128
+    ):
+        raise ConfigurationError(f"ipv6_prefix must be an integer in [1, 128], got {ipv6_prefix!r}")
+    name = f"client_ip(trusted_proxies={proxies!r}, header={header_name!r})"
+
+    if not networks and not trust_unix and ipv6_prefix is None:
+        # The common case: the socket peer, no parsing at all.
+        def peer(scope: Scope) -> str | None:
+            client = scope.get("client")
+            return "ip:" + client[0] if client else "ip:unknown"
+
+        return Key(peer, name)
+
+    header_bytes = header_name.encode("latin-1")
+    chain = _forwarded_for if header_name == "forwarded" else _x_forwarded_for
+
+    @functools.lru_cache(maxsize=4096)
+    def trusted(host: str) -> bool:
+        address = _parse_node(host)
+        return address is not None and any(address in network for network in networks)
+
+    def render(address: IPv4Address | IPv6Address | str) -> str:
+        if ipv6_prefix is not None and isinstance(address, IPv6Address):
+            network = ip_network(f"{address}/{ipv6_prefix}", strict=False)
+            return f"ip:{network}"
+        if ipv6_prefix is not None and isinstance(address, str):
+            parsed = _parse_node(address)
+            if isinstance(parsed, IPv6Address):
+                return render(parsed)
+        return f"ip:{address}"
+
+    def resolve(scope: Scope) -> str | None:
+        client = scope.get("client")
+        last: str | None
+        if client:
+            last = client[0]
+            if not trusted(last):
+                return render(last)
+        elif trust_unix:
+            last = None
+        else:
+            return "ip:unknown"
+        values = [v.decode("latin-1") for k, v in scope.get("headers", ()) if k == header_bytes]
+        for token in reversed(chain(values)):
+            address = _parse_node(token)
+            if address is None:
+                break
+            text = str(address)
+            if not trusted(text):
+                return render(address)
+            last = text
+        return "ip:unknown" if last is None else render(last)
+
+    return Key(resolve, name)
+
+
+# -- other key functions -----------------------------------------------------------------
+
+
+def _first_header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope.get("headers", ()):
+        if key == name:
+            return str(value.decode("latin-1"))
+    return None
+
+
+def header(name: str, *, default: str | None = None) -> Key:
+    """Key by the value of request header ``name`` (``None``, i.e. unlimited, if absent).
+
+    Example::
+
+        key = rs.asgi.header("x-tenant-id") | rs.asgi.client_ip()
+    """
+    lowered = name.lower()
+    name_bytes = lowered.encode("latin-1")
+    prefix = f"h:{lowered}:"
+
+    def by_header(scope: Scope) -> str | None:
+        value = _first_header(scope, name_bytes)
+        if value is None:
+            value = default
+        return None if value is None else prefix + value
+
+    return Key(by_header, f"header({lowered!r})")
+
+
+def api_key(
+    header: str = "x-api-key", *, scheme: str | None = None, query_param: str | None = None
+) -> Key:
+    """Key by API key: from ``header`` (optionally after an auth ``scheme``) or a query param.
+
+    ``api_key("authorization", scheme="Bearer")`` keys by bearer token. The key is
+    hashed before it reaches a limiter, so tokens are never stored.
+
+    Example::
+
+        key = rs.asgi.api_key() | rs.asgi.client_ip()
+    """
+    name_bytes = header.lower().encode("latin-1")
+    scheme_prefix = None if scheme is None else scheme.lower() + " "
+
+    def by_api_key(scope: Scope) -> str | None:
+        value = _first_header(scope, name_bytes)
+        if value is not None and scheme_prefix is not None:
+            value = (
+                value[len(scheme_prefix) :].strip()
+                if value.lower().startswith(scheme_prefix)
+                else None
+            )
+        if not value and query_param is not None:
+            query = scope.get("query_string", b"").decode("latin-1")
+            for param, param_value in parse_qsl(query):
+                if param == query_param:
+                    value = param_value
+                    break
+        return "key:" + value if value else None
+
+    return Key(by_api_key, f"api_key({header!r})")
+
+
+def user(scope_key: str = "user") -> Key:
+    """Key by authenticated user: ``scope[scope_key]`` as set by authentication middleware.
+
+    Reads ``identity``, then ``username``, of the object (Starlette's ``BaseUser``), or
+    the value itself if it is a string; anonymous users (``is_authenticated`` false) have
+    no key. The authentication middleware must run *outside* (before) this one.
+
+    Example::
+
+        app.add_middleware(RateLimitMiddleware, limiter=per_user, key=rs.asgi.user())
+        app.add_middleware(AuthenticationMiddleware, backend=TokenAuth())
+    """
+
+    def by_user(scope: Scope) -> str | None:
+        value = scope.get(scope_key)
+        if value is None or getattr(value, "is_authenticated", True) is False:
+            return None
+        if isinstance(value, str):
+            return "user:" + value if value else None
+        for attribute in ("identity", "username"):
+            try:
+                found = getattr(value, attribute)
+            except (AttributeError, NotImplementedError):
+                continue
+            if found:
+                return f"user:{found}"
+        return None
+
+    return Key(by_user, f"user({scope_key!r})")
+
+
+def _route_templates(routes: Iterable[Any], scope: Scope, prefix: str = "") -> str | None:
+    from starlette.routing import Match, Mount
+
+    for candidate in routes:
+        try:
+            match, child = candidate.matches(scope)
+        except Exception:
+            continue
+        if match is Match.NONE:
+            continue
+        if isinstance(candidate, Mount):
+            template = prefix + str(candidate.path).rstrip("/")
+            inner = _route_templates(candidate.routes, {**scope, **child}, template)
+            return inner if inner is not None else template + "/{path}"
+        if match is Match.FULL:
+            return prefix + str(getattr(candidate, "path_format", getattr(candidate, "path", "")))
+    return None
+
+
+def route(templates: Iterable[str] = ()) -> Key:
+    """Key by route template (``GET /items/{id}``), not by raw path.
+
+    With a Starlette or FastAPI application (found in ``scope["app"]``) the template of
+    the route that will handle the request is used; otherwise the first of
+    ``templates`` (``{name}`` one segment, ``{name:path}`` and ``*`` anything) that
+    matches. Unmatched paths share one ``<unmatched>`` key, so random URLs cannot
+    create keys; with neither routes nor templates the raw path is the key. Results
+    are cached (bounded).
+
+    Example::
+
+        key = rs.asgi.client_ip() + rs.asgi.route()    # per client, per endpoint
+    """
+    from ._rules import compile_pattern
+
+    patterns = [(t, compile_pattern(t)) for t in templates]
+
+    @functools.lru_cache(maxsize=4096)
+    def lookup(app: Any, kind: str, method: str, path: str, root_path: str) -> str:
+        routes = getattr(app, "routes", None)
+        if routes is not None:
+            try:
+                sub = {"type": kind, "method": method, "path": path, "root_path": root_path}
+                found = _route_templates(routes, sub)
+            except ImportError:  # pragma: no cover - routes without starlette
+                found = None
+            return found if found is not None else "<unmatched>"
+        for template, pattern in patterns:
+            if pattern.fullmatch(path):
+                return template
+        return "<unmatched>" if patterns else path
+
+    def by_route(scope: Scope) -> str | None:
+        method = scope.get("method", "")
+        path = scope.get("path", "")
+        args = (
+            scope.get("app"),
+            scope.get("type", "http"),
+            method,
+            path,
+            scope.get("root_path", ""),
+        )
+        try:
+            template = lookup(*args)
+        except TypeError:  # an unhashable app object: no cache
+            template = lookup.__wrapped__(*args)
+        return f"route:{method} {template}"
+
+    return Key(by_route, "route()")
+
+
+# -- composition -------------------------------------------------------------------------
+
+
+def combine(*keys: KeyFunction, sep: str = "|") -> Key:
+    """A key made of every part (missing parts count as empty): ``a + b``.
+
+    Example::
+
+        key = rs.asgi.combine(rs.asgi.client_ip(), rs.asgi.route())
+    """
+    if not keys:
+        raise ConfigurationError("combine() needs at least one key function")
+    parts = tuple(_as_key(k).func for k in keys)
+
+    def combined(scope: Scope) -> str | None:
+        return sep.join([part(scope) or "" for part in parts])
+
+    return Key(combined, " + ".join(repr(_as_key(k)) for k in keys))
+
+
+def first(*keys: KeyFunction) -> Key:
+    """The first key that is not ``None``: ``a | b``.
+
+    Example::
+
+        key = rs.asgi.first(rs.asgi.api_key(), rs.asgi.client_ip())
+    """
+    if not keys:
+        raise ConfigurationError("first() needs at least one key function")
+    parts = tuple(_as_key(k).func for k in keys)
+
+    def first_present(scope: Scope) -> str | None:
+        for part in parts:
+            value = part(scope)
+            if value is not None:
+                return value
+        return None
+
+    return Key(first_present, " | ".join(repr(_as_key(k)) for k in keys))

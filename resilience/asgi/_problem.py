@@ -1,0 +1,89 @@
+"""``application/problem+json`` refusals (RFC 9457), rendered once and sent raw.
+
+The problem types are those registered by the rate-limit headers draft:
+``quota-exceeded`` (429) and ``temporary-reduced-capacity`` (503); timeouts use
+``about:blank`` with status 504.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any
+
+from ._types import Scope, Send
+
+__all__ = [
+    "QUOTA_EXCEEDED",
+    "REDUCED_CAPACITY",
+    "Problem",
+]
+
+QUOTA_EXCEEDED = "https://iana.org/assignments/http-problem-types#quota-exceeded"
+REDUCED_CAPACITY = "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity"
+
+Header = tuple[bytes, bytes]
+
+
+class Problem:
+    """A precomputed problem response: status, JSON body and its fixed headers.
+
+    Example::
+
+        problem = Problem(429, QUOTA_EXCEEDED, "Request cannot be satisfied as assigned "
+                          "quota has been exceeded", extra={"violated-policies": ["default"]})
+        await problem.send(send, [(b"retry-after", b"3")])
+    """
+
+    __slots__ = ("body", "headers", "status")
+
+    def __init__(
+        self,
+        status: int,
+        type: str,
+        title: str,
+        *,
+        detail: str | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> None:
+        document: dict[str, Any] = {"type": type, "title": title, "status": status}
+        if detail:
+            document["detail"] = detail
+        if extra:
+            document.update(extra)
+        self.status = status
+        self.body = json.dumps(document, separators=(",", ":")).encode()
+        self.headers: list[Header] = [
+            (b"content-type", b"application/problem+json"),
+            (b"content-length", str(len(self.body)).encode()),
+            (b"cache-control", b"no-store"),
+        ]
+
+    async def send(self, send: Send, headers: Iterable[Header] = ()) -> None:
+        """Send the whole response (start and body) with extra ``headers``."""
+        await send(
+            {
+                "type": "http.response.start",
+                "status": self.status,
+                "headers": [*self.headers, *headers],
+            }
+        )
+        await send({"type": "http.response.body", "body": self.body, "more_body": False})
+
+    async def send_websocket(
+        self, send: Send, scope: Scope, code: int, headers: Iterable[Header] = ()
+    ) -> None:
+        """Refuse a websocket handshake: an HTTP response when the server supports the
+        ``websocket.http.response`` extension, else a close with ``code``."""
+        extensions = scope.get("extensions") or {}
+        if "websocket.http.response" in extensions:
+            await send(
+                {
+                    "type": "websocket.http.response.start",
+                    "status": self.status,
+                    "headers": [*self.headers, *headers],
+                }
+            )
+            await send({"type": "websocket.http.response.body", "body": self.body})
+        else:
+            await send({"type": "websocket.close", "code": code})

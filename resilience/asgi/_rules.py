@@ -1,0 +1,204 @@
+"""Per-route rules: which requests a rule applies to, and what it overrides.
+
+One :class:`Rule` type serves every middleware: it says *which* requests (path
+pattern, methods, scope types) and carries the options it overrides. Each middleware
+reads the options it knows and refuses, at construction, a rule that sets others.
+Rules are tried in order; the first match wins.
+
+Path patterns: ``"/health"`` (exact), ``"/items/{id}"`` (``{name}`` is one path
+segment, ``{name:path}`` anything), ``"/static/*"`` (``*`` is anything, slashes
+included), or a compiled :class:`re.Pattern` (full match).
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Callable, Collection, Iterable, Sequence
+from dataclasses import KW_ONLY, dataclass, fields
+from typing import Any, Final
+
+from ..errors import ConfigurationError
+from ._types import Scope
+
+__all__ = ["UNSET", "Matcher", "Rule", "compile_pattern"]
+
+
+class _Unset(enum.Enum):
+    UNSET = "UNSET"
+
+    def __repr__(self) -> str:
+        return "UNSET"
+
+
+#: Marks a :class:`Rule` option as "not overridden" (distinct from ``None``).
+UNSET: Final = _Unset.UNSET
+
+_PARAM = re.compile(r"\{([a-zA-Z_][a-zA-Z0-9_]*)(?::([a-zA-Z_]+))?\}")
+_CONVERTORS = {
+    "str": "[^/]+",
+    "path": ".*",
+    "int": "[0-9]+",
+    "float": r"[0-9]+(?:\.[0-9]+)?",
+    "uuid": "[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}",
+}
+
+
+def compile_pattern(pattern: str | re.Pattern[str]) -> re.Pattern[str]:
+    """The regular expression (for ``fullmatch``) of a path pattern.
+
+    Example::
+
+        >>> bool(compile_pattern("/items/{id:int}").fullmatch("/items/42"))
+        True
+    """
+    if isinstance(pattern, re.Pattern):
+        return pattern
+    if not isinstance(pattern, str) or not pattern:
+        raise ConfigurationError(
+            f"a path pattern must be a non-empty str or re.Pattern, got {pattern!r}"
+        )
+    out: list[str] = []
+    position = 0
+    for match in _PARAM.finditer(pattern):
+        out.append(_glob(pattern[position : match.start()]))
+        convertor = match.group(2) or "str"
+        if convertor not in _CONVERTORS:
+            raise ConfigurationError(
+                f"unknown path convertor {convertor!r} in {pattern!r}; "
+                f"use one of {', '.join(_CONVERTORS)}"
+            )
+        out.append(_CONVERTORS[convertor])
+        position = match.end()
+    out.append(_glob(pattern[position:]))
+    return re.compile("".join(out))
+
+
+def _glob(text: str) -> str:
+    return ".*".join(re.escape(part) for part in text.split("*"))
+
+
+def _is_literal(pattern: str | re.Pattern[str]) -> bool:
+    return isinstance(pattern, str) and "*" not in pattern and _PARAM.search(pattern) is None
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """Options for the requests that match ``path`` (and ``methods``, ``scopes``).
+
+    ``scopes`` names the ASGI scope types the rule applies to: by default only
+    ``"http"``; a rule with ``scopes=("websocket",)`` makes a middleware look at
+    websocket handshakes, which it otherwise passes through untouched. Options left
+    :data:`UNSET` keep the middleware's own value:
+
+    * :class:`RateLimitMiddleware`: ``limiter``, ``cost``, ``key``, ``exempt``,
+      ``policy_name``;
+    * :class:`ConcurrencyLimitMiddleware`: ``bulkhead``, ``priority``, ``key``,
+      ``max_wait``, ``exempt``;
+    * :class:`TimeoutMiddleware`: ``seconds`` (``None``: no timeout), ``exempt``.
+
+    Example::
+
+        rules = [
+            Rule("/login", methods=["POST"], limiter=strict, key=rs.asgi.client_ip()),
+            Rule("/search/{query}", cost=5),
+            Rule("/reports/*", seconds=120.0),
+            Rule("/healthz", exempt=True),
+        ]
+    """
+
+    path: str | re.Pattern[str]
+    _: KW_ONLY
+    methods: Collection[str] | None = None
+    scopes: Collection[str] = ("http",)
+    exempt: bool = False
+    limiter: Any = UNSET
+    cost: int | Callable[[Scope], int] | _Unset = UNSET
+    key: Callable[[Scope], str | None] | _Unset = UNSET
+    policy_name: str | _Unset = UNSET
+    bulkhead: Any = UNSET
+    priority: int | Callable[[Scope], int] | _Unset = UNSET
+    max_wait: float | _Unset | None = UNSET
+    seconds: float | _Unset | None = UNSET
+
+    def options(self) -> dict[str, Any]:
+        """The options this rule sets (those not left :data:`UNSET`)."""
+        skip = {"path", "methods", "scopes", "exempt", "_"}
+        return {
+            f.name: getattr(self, f.name)
+            for f in fields(self)
+            if f.name not in skip and getattr(self, f.name) is not UNSET
+        }
+
+
+class Matcher:
+    """Finds the first rule matching a request; built once per middleware.
+
+    ``match(scope)`` returns ``(index, rule)`` or ``None``. Exact-path rules are looked
+    up in a dict; patterns are tried in order only when needed.
+
+    Example::
+
+        matcher = Matcher([Rule(path="/a"), Rule(path="/b/*")], allowed={"cost"}, owner="X")
+        matcher.match({"type": "http", "method": "GET", "path": "/b/c"})
+    """
+
+    __slots__ = ("_exact", "_patterns", "rules", "scope_types")
+
+    def __init__(self, rules: Iterable[Rule], *, allowed: Collection[str], owner: str) -> None:
+        self.rules: tuple[Rule, ...] = tuple(rules)
+        self._exact: dict[str, list[tuple[int, Rule, frozenset[str] | None]]] = {}
+        self._patterns: list[tuple[int, Rule, re.Pattern[str], frozenset[str] | None]] = []
+        scope_types: set[str] = set()
+        for index, rule in enumerate(self.rules):
+            if not isinstance(rule, Rule):
+                raise ConfigurationError(f"{owner} rules must be Rule objects, got {rule!r}")
+            unknown = set(rule.options()) - set(allowed)
+            if unknown:
+                raise ConfigurationError(
+                    f"{owner} does not understand rule option(s) {sorted(unknown)} in {rule!r}; "
+                    f"it reads {sorted(allowed)}"
+                )
+            methods = None if rule.methods is None else frozenset(m.upper() for m in rule.methods)
+            scope_types.update(rule.scopes)
+            if _is_literal(rule.path):
+                self._exact.setdefault(str(rule.path), []).append((index, rule, methods))
+            else:
+                self._patterns.append((index, rule, compile_pattern(rule.path), methods))
+        self.scope_types = frozenset(scope_types)
+
+    def match(self, scope: Scope) -> tuple[int, Rule] | None:
+        """The first rule (in declaration order) that applies to ``scope``."""
+        kind = scope["type"]
+        method = scope.get("method", "GET")
+        path = scope.get("path", "")
+        best: tuple[int, Rule] | None = None
+        for index, rule, methods in self._exact.get(path, ()):
+            if kind in rule.scopes and (methods is None or method in methods):
+                best = (index, rule)
+                break
+        for index, rule, pattern, methods in self._patterns:
+            if best is not None and index > best[0]:
+                break
+            if (
+                kind in rule.scopes
+                and (methods is None or method in methods)
+                and pattern.fullmatch(path) is not None
+            ):
+                return index, rule
+        return best
+
+
+def path_predicate(patterns: Sequence[str | re.Pattern[str]]) -> Callable[[str], bool] | None:
+    """A fast ``path -> bool`` for exempt lists (``None`` if the list is empty)."""
+    if not patterns:
+        return None
+    exact = frozenset(p for p in patterns if _is_literal(p))
+    compiled = [compile_pattern(p) for p in patterns if not _is_literal(p)]
+    if not compiled:
+        return exact.__contains__
+
+    def matches(path: str) -> bool:
+        return path in exact or any(p.fullmatch(path) is not None for p in compiled)
+
+    return matches

@@ -1,0 +1,142 @@
+"""TimeoutMiddleware: a deadline per HTTP request, 504 or a cleanly ended stream."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any
+
+import anyio
+
+from .. import _deadline
+from .._clock import SYSTEM_CLOCK, Clock
+from .._events import Listener, TimedOut
+from .._validate import check_number
+from ._base import Observed
+from ._problem import Problem
+from ._rules import UNSET, Matcher, Rule
+from ._types import ASGIApp, Message, Receive, Scope, Send
+
+__all__ = ["TimeoutMiddleware"]
+
+_ALLOWED = ("seconds",)
+
+
+class TimeoutMiddleware(Observed):
+    """Give every HTTP request at most ``seconds``; answer 504 if it overruns.
+
+    * The response has not started when time runs out: the application is cancelled
+      and the client gets ``504`` with an ``application/problem+json`` body.
+    * The response is streaming: the application is cancelled and the response is
+      ended cleanly (a final empty body chunk), so the client sees a complete, if
+      truncated, response instead of a reset connection.
+    * The response has completed: the deadline is lifted, so Starlette background
+      tasks that run after the response are not cut.
+
+    While the request runs, the ambient deadline (:func:`resilience.time_remaining`) is
+    set, so inner policies (retries, limiter and bulkhead waits, :class:`Timeout`)
+    clamp to it. ``rules`` give some paths other limits (``seconds=None``: no limit).
+    Websocket and lifespan scopes pass through untouched.
+
+    Example::
+
+        app = TimeoutMiddleware(app, seconds=10, rules=[
+            Rule("/reports/*", seconds=120),
+            Rule("/events", seconds=None),      # server-sent events: unbounded
+        ])
+    """
+
+    __slots__ = ("_clock", "_listeners", "_match", "_problem", "_timers", "app", "name", "seconds")
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        seconds: float | None,
+        rules: Iterable[Rule] = (),
+        clock: Clock | None = None,
+        name: str = "TimeoutMiddleware",
+    ) -> None:
+        self.app = app
+        self.seconds: float | None = check_number("seconds", seconds, allow_none=True)
+        self._clock: Clock = SYSTEM_CLOCK if clock is None else clock
+        # A clock with timers (FakeClock) cuts at virtual time; otherwise anyio's clock.
+        self._timers = clock is not None and hasattr(clock, "call_at")
+        matcher = Matcher(rules, allowed=_ALLOWED, owner="TimeoutMiddleware")
+        for rule in matcher.rules:
+            if rule.seconds is not UNSET:
+                check_number("Rule.seconds", rule.seconds, allow_none=True)
+        self._match = matcher if matcher.rules else None
+        self.name = name
+        self._listeners: list[Listener] = []
+        self._problem = Problem(
+            504, "about:blank", "Gateway Timeout", detail="the request did not complete in time"
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        seconds = self.seconds
+        rule_path: str | None = None
+        if self._match is not None:
+            found = self._match.match(scope)
+            if found is not None:
+                rule = found[1]
+                if rule.exempt:
+                    await self.app(scope, receive, send)
+                    return
+                if rule.seconds is not UNSET:
+                    seconds = rule.seconds
+                rule_path = str(rule.path)
+        if seconds is None:
+            await self.app(scope, receive, send)
+            return
+        await self._run(scope, receive, send, seconds, rule_path)
+
+    async def _run(
+        self, scope: Scope, receive: Receive, send: Send, seconds: float, rule_path: str | None
+    ) -> None:
+        started = False
+        ended = False
+        entered, token = _deadline.push(seconds, self._clock)
+        budget = entered.remaining()
+        timer: Any = None
+        if self._timers:
+            cancel_scope = anyio.CancelScope()
+            timer = self._clock.call_at(entered.at, cancel_scope.cancel)  # type: ignore[attr-defined]
+        else:
+            cancel_scope = anyio.CancelScope(deadline=anyio.current_time() + budget)
+
+        async def send_wrapper(message: Message) -> None:
+            nonlocal started, ended
+            kind = message["type"]
+            if kind == "http.response.start":
+                started = True
+            elif kind == "http.response.body" and not message.get("more_body", False):
+                ended = True
+                # The response is complete: lift the deadline for what runs after it.
+                if timer is not None:
+                    timer.cancel()
+                else:
+                    cancel_scope.deadline = math.inf
+            await send(message)
+
+        try:
+            with cancel_scope:
+                await self.app(scope, receive, send_wrapper)
+        finally:
+            _deadline.pop(token)
+            if timer is not None:
+                timer.cancel()
+        if not cancel_scope.cancelled_caught or ended:
+            return
+        if self._observed:
+            self._emit(TimedOut(policy=self.name, key=rule_path, seconds=seconds))
+        if not started:
+            await self._problem.send(send)
+            return
+        try:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except (OSError, RuntimeError):  # the client went away, or the server refused
+            pass

@@ -1,0 +1,195 @@
+"""ConcurrencyLimitMiddleware: shedding with 503, priority queueing, permits always returned."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import anyio
+import pytest
+
+from resilience.asgi import (
+    REDUCED_CAPACITY,
+    ConcurrencyLimitMiddleware,
+    RequestAdmitted,
+    RequestCompleted,
+    Rule,
+    client_ip,
+    header_priority,
+)
+from resilience.bulkhead import Bulkhead
+from resilience.errors import ConfigurationError
+from resilience.testing import FakeClock
+
+from ._support import Result, call, http_scope, ok_app
+
+pytestmark = pytest.mark.anyio
+
+
+class Gate:
+    """An app whose requests block until released, recording the order they ran in."""
+
+    def __init__(self) -> None:
+        self.entered: list[str] = []
+        self.release = anyio.Event()
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        self.entered.append(scope["path"])
+        if scope["path"] == "/hold":
+            await self.release.wait()
+        await ok_app(scope, receive, send)
+
+
+async def wait_for(predicate: Any) -> None:
+    with anyio.fail_after(5):
+        while not predicate():
+            await anyio.sleep(0)
+
+
+async def test_over_capacity_is_shed_with_503_problem() -> None:
+    """No free slot and no queue: 503, Retry-After and temporary-reduced-capacity."""
+    gate = Gate()
+    bulkhead = Bulkhead(1, clock=FakeClock())
+    app = ConcurrencyLimitMiddleware(gate, bulkhead=bulkhead, retry_after=2)
+    results: list[Result] = []
+
+    async def hold() -> None:
+        results.append(await call(app, http_scope("/hold")))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(hold)
+        await wait_for(lambda: gate.entered)
+        shed = await call(app, http_scope("/other"))
+        gate.release.set()
+    assert shed.status == 503
+    assert shed.header("retry-after") == "2"
+    assert json.loads(shed.body)["type"] == REDUCED_CAPACITY
+    assert results[0].status == 200
+    assert app.statistics() == {"shed": 1}
+    assert bulkhead.statistics().in_flight == 0
+    assert (await call(app, http_scope("/other"))).status == 200
+
+
+async def test_queued_requests_are_served_by_priority() -> None:
+    """Interactive (0) waiters go before batch (10) ones, whatever their arrival order."""
+    gate = Gate()
+    bulkhead = Bulkhead(1, max_wait=60, clock=FakeClock())
+    app = ConcurrencyLimitMiddleware(
+        gate,
+        bulkhead=bulkhead,
+        priority=header_priority("x-priority"),
+        rules=[Rule("/reports/*", priority=10)],
+    )
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(call, app, http_scope("/hold"))
+        await wait_for(lambda: gate.entered)
+        tg.start_soon(call, app, http_scope("/reports/a"))
+        await wait_for(lambda: bulkhead.statistics().waiting == 1)
+        tg.start_soon(call, app, http_scope("/batch", headers=[("x-priority", "batch")]))
+        await wait_for(lambda: bulkhead.statistics().waiting == 2)
+        tg.start_soon(call, app, http_scope("/ui", headers=[("x-priority", "interactive")]))
+        await wait_for(lambda: bulkhead.statistics().waiting == 3)
+        gate.release.set()
+    assert gate.entered == ["/hold", "/ui", "/reports/a", "/batch"]
+
+
+async def test_permit_is_held_while_streaming_and_returned_on_errors() -> None:
+    """The slot is held until the app returns, and returned when it raises or is cancelled."""
+    bulkhead = Bulkhead(1, clock=FakeClock())
+    in_flight_during_stream: list[int] = []
+
+    async def streaming(scope: Any, receive: Any, send: Any) -> None:
+        if scope["path"] == "/boom":
+            raise RuntimeError("boom")
+        if scope["path"] == "/forever":
+            await anyio.sleep_forever()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"a", "more_body": True})
+        in_flight_during_stream.append(bulkhead.statistics().in_flight)
+        await send({"type": "http.response.body", "body": b"b"})
+
+    app = ConcurrencyLimitMiddleware(streaming, bulkhead=bulkhead)
+    assert (await call(app, http_scope("/stream"))).body == b"ab"
+    assert in_flight_during_stream == [1]
+    with pytest.raises(RuntimeError, match="boom"):
+        await call(app, http_scope("/boom"))
+    assert bulkhead.statistics().in_flight == 0
+    with anyio.move_on_after(0.05):
+        await call(app, http_scope("/forever"))
+    assert bulkhead.statistics().in_flight == 0
+
+
+async def test_per_client_key_exempt_and_passthrough() -> None:
+    """``key`` makes the cap per client; exempt paths and non-HTTP scopes skip it."""
+    gate = Gate()
+    bulkhead = Bulkhead(1, clock=FakeClock())
+    app = ConcurrencyLimitMiddleware(gate, bulkhead=bulkhead, key=client_ip(), exempt=["/healthz"])
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(call, app, http_scope("/hold", client=("192.0.2.1", 1)))
+        await wait_for(lambda: gate.entered)
+        other = await call(app, http_scope("/x", client=("192.0.2.2", 1)))
+        same = await call(app, http_scope("/x", client=("192.0.2.1", 1)))
+        health = await call(app, http_scope("/healthz", client=("192.0.2.1", 1)))
+        seen: list[Any] = []
+
+        async def raw(scope: Any, receive: Any, send: Any) -> None:
+            seen.append(scope)
+
+        passthrough = ConcurrencyLimitMiddleware(raw, bulkhead=bulkhead)
+        await passthrough({"type": "lifespan"}, None, None)  # type: ignore[arg-type]
+        gate.release.set()
+    assert (other.status, same.status, health.status) == (200, 503, 200)
+    assert seen == [{"type": "lifespan"}]
+
+
+def test_header_priority_parsing() -> None:
+    """Integers, class names and RFC 9218 urgency; clamped; default when absent or bad."""
+    priority = header_priority("priority", default=5, maximum=10)
+    values = {
+        "2": 2,
+        "batch": 10,
+        "Interactive": 0,
+        "u=1, i": 1,
+        "i, u=7": 7,
+        "-5": 0,
+        "99": 10,
+        "garbage": 5,
+    }
+    for raw, expected in values.items():
+        assert priority(http_scope(headers=[("priority", raw)])) == expected, raw
+    assert priority(http_scope()) == 5
+    with pytest.raises(ConfigurationError, match="default"):
+        header_priority(default=42)
+
+
+def test_configuration_errors() -> None:
+    """A non-bulkhead, unknown rule options and bad waits fail at construction."""
+    with pytest.raises(ConfigurationError, match="bulkhead"):
+        ConcurrencyLimitMiddleware(ok_app, bulkhead=object())
+    with pytest.raises(ConfigurationError, match="cost"):
+        ConcurrencyLimitMiddleware(ok_app, bulkhead=Bulkhead(1), rules=[Rule("/x", cost=1)])
+    with pytest.raises(ConfigurationError, match="max_wait"):
+        ConcurrencyLimitMiddleware(ok_app, bulkhead=Bulkhead(1), max_wait=-1)
+
+
+async def test_events_report_queue_wait_and_request_duration() -> None:
+    """Observed, the middleware reports the time queued and the time held, per outcome."""
+    clock = FakeClock()
+    bulkhead = Bulkhead(1, clock=clock, name="web")
+    events: list[Any] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        clock.advance(0.25)
+        if scope["path"] == "/boom":
+            raise RuntimeError("boom")
+        await ok_app(scope, receive, send)
+
+    middleware = ConcurrencyLimitMiddleware(app, bulkhead=bulkhead, priority=3, clock=clock)
+    middleware.add_listener(events.append)
+    await call(middleware, http_scope())
+    with pytest.raises(RuntimeError):
+        await call(middleware, http_scope("/boom"))
+    admitted = [e for e in events if isinstance(e, RequestAdmitted)]
+    completed = [e for e in events if isinstance(e, RequestCompleted)]
+    assert [(e.policy, e.waited, e.priority) for e in admitted] == [("web", 0.0, 3)] * 2
+    assert [(e.duration, e.outcome) for e in completed] == [(0.25, "completed"), (0.25, "error")]

@@ -1,0 +1,175 @@
+"""IETF RateLimit field formatting, problem+json bodies and rule matching."""
+
+from __future__ import annotations
+
+import json
+import re
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from resilience.asgi import (
+    QUOTA_EXCEEDED,
+    Problem,
+    RateLimitHeaders,
+    Rule,
+    format_policy,
+    format_ratelimit,
+    quota_and_window,
+    retry_after_value,
+)
+from resilience.asgi._rules import Matcher, compile_pattern, path_predicate
+from resilience.errors import ConfigurationError
+
+from ._support import http_scope
+
+
+def fake_limiter(amount: int, period: float, burst: int) -> SimpleNamespace:
+    return SimpleNamespace(rate=SimpleNamespace(amount=amount, period=period), burst=burst)
+
+
+def decision(
+    allowed: bool, remaining: int, retry_after: float, reset_after: float
+) -> SimpleNamespace:
+    return SimpleNamespace(
+        allowed=allowed, remaining=remaining, retry_after=retry_after, reset_after=reset_after
+    )
+
+
+def test_field_syntax_follows_the_draft() -> None:
+    """``"name";q=..;w=..`` and ``"name";r=..;t=..`` with sf-string names."""
+    assert format_policy("default", 100, 60) == '"default";q=100;w=60'
+    assert format_ratelimit("default", 42, 6.2) == '"default";r=42;t=7'
+    assert format_ratelimit('a"b', 0, 0) == '"a\\"b";r=0;t=0'
+    with pytest.raises(ConfigurationError, match="printable ASCII"):
+        format_policy("caf\u00e9", 1, 1)
+
+
+def test_quota_and_window_are_integers() -> None:
+    """Fractional periods are scaled to whole seconds."""
+    assert quota_and_window(5, 1.0) == (5, 1)
+    assert quota_and_window(100, 60) == (100, 60)
+    assert quota_and_window(10, 0.1) == (100, 1)
+    assert quota_and_window(3, 2.5) == (2, 2)
+
+
+def test_retry_after_rounds_up_to_at_least_one_second() -> None:
+    """A client that waits Retry-After seconds is admitted: never round down."""
+    assert retry_after_value(0.01) == b"1"
+    assert retry_after_value(1.0) == b"1"
+    assert retry_after_value(1.0001) == b"2"
+    assert retry_after_value(None) == b"1"
+
+
+@given(st.floats(0, 10_000, allow_nan=False))
+def test_reset_is_never_earlier_than_the_state(seconds: float) -> None:
+    """``t`` and ``Retry-After`` are >= the true delay (rounded up to whole seconds)."""
+    t = int(format_ratelimit("x", 0, seconds).rsplit("t=", 1)[1])
+    assert t + 1e-6 >= seconds
+    assert int(retry_after_value(seconds)) + 1e-6 >= seconds
+
+
+def test_header_modes() -> None:
+    """ietf, legacy, both and none render the expected fields from a decision."""
+    limiter = fake_limiter(5, 1.0, 5)
+    admitted = decision(True, 3, 0.0, 0.4)
+    ietf = RateLimitHeaders("default", limiter, "ietf").admitted(admitted)
+    assert list(ietf) == [
+        (b"ratelimit-policy", b'"default";q=5;w=1'),
+        (b"ratelimit", b'"default";r=3;t=1'),
+    ]
+    legacy = RateLimitHeaders("default", limiter, "legacy").admitted(admitted)
+    assert legacy == [
+        (b"x-ratelimit-limit", b"5"),
+        (b"x-ratelimit-remaining", b"3"),
+        (b"x-ratelimit-reset", b"1"),
+    ]
+    assert len(RateLimitHeaders("default", limiter, "both").admitted(admitted)) == 5
+    none = RateLimitHeaders("default", limiter, None)
+    assert not none.enabled
+    assert none.admitted(admitted) == []
+    refused = RateLimitHeaders("default", limiter, "ietf").refused(decision(False, 0, 2.5, 3.0))
+    assert refused[1] == (b"ratelimit", b'"default";r=0;t=3')
+    with pytest.raises(ConfigurationError, match="headers"):
+        RateLimitHeaders("default", limiter, "draft-7")
+
+
+@pytest.mark.anyio
+async def test_problem_response_is_complete_problem_json() -> None:
+    """The refusal is one start + one body message with a valid RFC 9457 document."""
+    sent: list[Any] = []
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    problem = Problem(429, QUOTA_EXCEEDED, "quota", extra={"violated-policies": ["default"]})
+    await problem.send(send, [(b"retry-after", b"3")])
+    start, body = sent
+    headers = dict(start["headers"])
+    assert start["status"] == 429
+    assert headers[b"content-type"] == b"application/problem+json"
+    assert headers[b"retry-after"] == b"3"
+    document = json.loads(body["body"])
+    assert document == {
+        "type": QUOTA_EXCEEDED,
+        "title": "quota",
+        "status": 429,
+        "violated-policies": ["default"],
+    }
+    assert int(headers[b"content-length"]) == len(body["body"])
+    assert body.get("more_body", False) is False
+
+
+def test_patterns() -> None:
+    """Templates, convertors, globs and regexes compile to full matches."""
+    assert compile_pattern("/items/{id}").fullmatch("/items/42")
+    assert not compile_pattern("/items/{id}").fullmatch("/items/42/x")
+    assert compile_pattern("/files/{p:path}").fullmatch("/files/a/b/c")
+    assert not compile_pattern("/n/{n:int}").fullmatch("/n/x")
+    assert compile_pattern("/static/*").fullmatch("/static/css/a.css")
+    assert compile_pattern("/a.b").fullmatch("/a.b")
+    assert not compile_pattern("/a.b").fullmatch("/axb")
+    assert compile_pattern(re.compile(r"/v\d+/.*")).fullmatch("/v2/x")
+    with pytest.raises(ConfigurationError, match="convertor"):
+        compile_pattern("/x/{y:nope}")
+
+
+def test_matcher_first_rule_wins_with_methods_and_scopes() -> None:
+    """Declaration order decides, methods and scope types filter."""
+    rules = [
+        Rule("/items/*", methods=["post"], cost=5),
+        Rule("/items/special", cost=2),
+        Rule("/items/{id}", cost=1),
+        Rule("/ws", scopes=("websocket",), cost=3),
+    ]
+    matcher = Matcher(rules, allowed={"cost"}, owner="Test")
+    assert matcher.match(http_scope("/items/special", method="POST")) == (0, rules[0])
+    assert matcher.match(http_scope("/items/special")) == (1, rules[1])
+    assert matcher.match(http_scope("/items/7")) == (2, rules[2])
+    assert matcher.match(http_scope("/ws")) is None
+    assert matcher.match({"type": "websocket", "path": "/ws"}) == (3, rules[3])
+    assert matcher.scope_types == {"http", "websocket"}
+
+
+def test_matcher_rejects_options_the_middleware_does_not_read() -> None:
+    """A TimeoutMiddleware rule with ``cost=`` is a configuration error."""
+    with pytest.raises(ConfigurationError, match="cost"):
+        Matcher([Rule("/x", cost=2)], allowed={"seconds"}, owner="TimeoutMiddleware")
+    with pytest.raises(ConfigurationError, match="Rule"):
+        Matcher(["/x"], allowed={"seconds"}, owner="TimeoutMiddleware")  # type: ignore[list-item]
+
+
+def test_exempt_predicate() -> None:
+    """Exact paths use a set lookup, patterns a regex."""
+    assert path_predicate([]) is None
+    exact = path_predicate(["/healthz"])
+    assert exact is not None
+    assert exact("/healthz")
+    assert not exact("/healthz/x")
+    mixed = path_predicate(["/healthz", "/static/*"])
+    assert mixed is not None
+    assert mixed("/static/x.js")
+    assert not mixed("/api")

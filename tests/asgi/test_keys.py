@@ -1,0 +1,197 @@
+"""Key functions: client_ip through trusted hops only, header, api_key, route, user."""
+
+from __future__ import annotations
+
+from ipaddress import IPv4Address
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from resilience.asgi import api_key, client_ip, combine, digest, first, header, route, user
+from resilience.errors import ConfigurationError
+
+from ._support import http_scope
+
+PROXY = "10.0.0.5"
+
+
+def test_peer_is_the_key_without_trusted_proxies() -> None:
+    """Forwarding headers are ignored unless a proxy is trusted."""
+    key = client_ip()
+    scope = http_scope(client=("198.51.100.1", 1), headers=[("x-forwarded-for", "1.1.1.1")])
+    assert key(scope) == "ip:198.51.100.1"
+
+
+def test_spoofed_header_from_untrusted_peer_is_ignored() -> None:
+    """A client that is not a trusted proxy cannot choose its key."""
+    key = client_ip(trusted_proxies=[PROXY])
+    scope = http_scope(client=("198.51.100.1", 1), headers=[("x-forwarded-for", "1.1.1.1")])
+    assert key(scope) == "ip:198.51.100.1"
+
+
+def test_trusted_proxy_header_gives_the_client() -> None:
+    """Behind a trusted proxy the rightmost untrusted address is the client."""
+    key = client_ip(trusted_proxies=[PROXY])
+    scope = http_scope(client=(PROXY, 1), headers=[("x-forwarded-for", "1.1.1.1, 192.0.2.9")])
+    assert key(scope) == "ip:192.0.2.9"
+
+
+def test_walk_skips_every_trusted_hop_from_the_right() -> None:
+    """Several trusted hops (CDN + load balancer) are skipped; spoofed entries stay left."""
+    key = client_ip(trusted_proxies=["10.0.0.0/8", "172.16.0.0/12"])
+    scope = http_scope(
+        client=("10.1.1.1", 1),
+        headers=[
+            ("x-forwarded-for", "6.6.6.6, 192.0.2.9, 172.16.3.3"),
+            ("x-forwarded-for", "10.2.2.2"),
+        ],
+    )
+    assert key(scope) == "ip:192.0.2.9"
+
+
+def test_all_trusted_chain_returns_leftmost_and_garbage_stops_the_walk() -> None:
+    """An all-trusted chain yields its leftmost hop; a non-address stops at the last trusted hop."""
+    key = client_ip(trusted_proxies=["10.0.0.0/8"])
+    scope = http_scope(client=("10.0.0.1", 1), headers=[("x-forwarded-for", "10.9.9.9, 10.0.0.2")])
+    assert key(scope) == "ip:10.9.9.9"
+    scope = http_scope(client=("10.0.0.1", 1), headers=[("x-forwarded-for", "unknown, 10.0.0.2")])
+    assert key(scope) == "ip:10.0.0.2"
+
+
+def test_forwarded_header_rfc7239() -> None:
+    """``Forwarded: for=`` nodes, quoted IPv6 with ports, several elements and lines."""
+    key = client_ip(trusted_proxies=[PROXY, "2001:db8:cafe::17"], header="forwarded")
+    scope = http_scope(
+        client=(PROXY, 1),
+        headers=[
+            ("forwarded", 'for=1.1.1.1;proto=http, for="[2001:db8:cafe::17]:4711"'),
+            ("forwarded", "for=10.0.0.5:8080;by=10.0.0.5"),
+        ],
+    )
+    # 10.0.0.5 and 2001:db8:cafe::17 are trusted, so 1.1.1.1 is the client.
+    assert key(scope) == "ip:1.1.1.1"
+    scope = http_scope(client=(PROXY, 1), headers=[("x-forwarded-for", "9.9.9.9")])
+    assert key(scope) == f"ip:{PROXY}", "with header='forwarded', X-Forwarded-For is ignored"
+
+
+def test_ipv6_prefix_groups_a_network_and_mapped_ipv4_is_unwrapped() -> None:
+    """``ipv6_prefix=64`` keys IPv6 clients by /64; IPv4-mapped addresses read as IPv4."""
+    key = client_ip(ipv6_prefix=64)
+    assert key(http_scope(client=("2001:db8:1:2:aaaa::1", 1))) == "ip:2001:db8:1:2::/64"
+    assert key(http_scope(client=("2001:db8:1:2:bbbb::9", 1))) == "ip:2001:db8:1:2::/64"
+    trusted = client_ip(trusted_proxies=[PROXY])
+    scope = http_scope(client=(PROXY, 1), headers=[("x-forwarded-for", "::ffff:192.0.2.1")])
+    assert trusted(scope) == "ip:192.0.2.1"
+
+
+def test_unix_socket_peer() -> None:
+    """No ``client`` (Unix socket): one shared key unless ``"unix"`` is trusted."""
+    assert client_ip()(http_scope(client=None)) == "ip:unknown"
+    key = client_ip(trusted_proxies=["unix"])
+    scope = http_scope(client=None, headers=[("x-forwarded-for", "192.0.2.44")])
+    assert key(scope) == "ip:192.0.2.44"
+
+
+def test_bad_configuration_is_refused() -> None:
+    """Unknown proxies, headers and prefixes fail at construction."""
+    with pytest.raises(ConfigurationError, match="trusted_proxies"):
+        client_ip(trusted_proxies=["not-an-ip"])
+    with pytest.raises(ConfigurationError, match="header"):
+        client_ip(header="x-real-ip")
+    with pytest.raises(ConfigurationError, match="ipv6_prefix"):
+        client_ip(ipv6_prefix=0)
+
+
+ips = st.builds(lambda n: str(IPv4Address(n)), st.integers(0x0B000000, 0xDF000000))
+
+
+@given(spoofed=st.lists(ips | st.sampled_from(["unknown", "garbage", ""]), max_size=5), real=ips)
+def test_prefix_spoofing_never_changes_the_key(spoofed: list[str], real: str) -> None:
+    """Whatever a client puts in X-Forwarded-For, the trusted proxy's entry decides."""
+    key = client_ip(trusted_proxies=["10.0.0.0/8"])
+    chain = ", ".join([*spoofed, real])
+    scope = http_scope(client=("10.0.0.1", 1), headers=[("x-forwarded-for", chain)])
+    assert key(scope) == f"ip:{real}"
+
+
+def test_header_and_api_key() -> None:
+    """Header keys are namespaced; api_key reads a header, a bearer scheme or a query param."""
+    scope = http_scope(headers=[("X-Tenant", "acme"), ("authorization", "Bearer s3cret")])
+    assert header("x-tenant")(scope) == "h:x-tenant:acme"
+    assert header("x-missing")(scope) is None
+    assert header("x-missing", default="anon")(scope) == "h:x-missing:anon"
+    assert api_key("authorization", scheme="bearer")(scope) == "key:s3cret"
+    assert api_key()(scope) is None
+    assert api_key(query_param="api_key")(http_scope(query="a=1&api_key=k2")) == "key:k2"
+    assert api_key("authorization", scheme="Basic")(scope) is None
+
+
+def test_user_key() -> None:
+    """``user()`` reads identity/username of scope["user"]; anonymous users have no key."""
+
+    class Authenticated:
+        is_authenticated = True
+        username = "alice"
+
+        @property
+        def identity(self) -> str:
+            raise NotImplementedError
+
+    class Anonymous:
+        is_authenticated = False
+
+    assert user()(http_scope(user=Authenticated())) == "user:alice"
+    assert user()(http_scope(user=Anonymous())) is None
+    assert user()(http_scope()) is None
+    assert user("principal")(http_scope(principal="bob")) == "user:bob"
+
+
+def test_route_from_templates_and_from_starlette() -> None:
+    """``route()`` keys by template, not raw path; unmatched paths share one key."""
+    from starlette.applications import Starlette
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Mount, Route
+
+    async def endpoint(request: object) -> PlainTextResponse:
+        return PlainTextResponse("x")
+
+    key = route(["/items/{id}", "/static/*"])
+    assert key(http_scope("/items/42")) == "route:GET /items/{id}"
+    assert key(http_scope("/static/a/b.css")) == "route:GET /static/*"
+    assert key(http_scope("/random/1")) == key(http_scope("/random/2"))
+
+    app = Starlette(
+        routes=[
+            Route("/users/{user_id:int}", endpoint),
+            Mount("/api", routes=[Route("/orders/{order}", endpoint, methods=["POST"])]),
+        ]
+    )
+    key = route()
+    assert key(http_scope("/users/7", app=app)) == "route:GET /users/{user_id}"
+    assert (
+        key(http_scope("/api/orders/9", method="POST", app=app)) == "route:POST /api/orders/{order}"
+    )
+    assert key(http_scope("/nope/1", app=app)) == "route:GET <unmatched>"
+
+
+def test_composition() -> None:
+    """``+`` combines parts, ``|`` falls back; plain callables compose too."""
+    scope = http_scope("/items/1", headers=[("x-api-key", "k")])
+    both = client_ip() + route(["/items/{id}"])
+    assert both(scope) == "ip:203.0.113.7|route:GET /items/{id}"
+    fallback = api_key() | client_ip()
+    assert fallback(scope) == "key:k"
+    assert fallback(http_scope()) == "ip:203.0.113.7"
+    custom = first(lambda s: None, lambda s: "custom")
+    assert custom(scope) == "custom"
+    assert combine(header("x-none"), client_ip())(scope) == "|ip:203.0.113.7"
+    assert "client_ip" in repr(fallback)
+
+
+def test_digest_is_stable_and_opaque() -> None:
+    """Keys are hashed to 32 hex chars, stably, without the raw value."""
+    assert digest("ip:203.0.113.7") == digest("ip:203.0.113.7")
+    assert digest("ip:203.0.113.7") != digest("ip:203.0.113.8")
+    assert len(digest("key:" + "x" * 10_000)) == 32
+    assert "203" not in digest("ip:203.0.113.7")

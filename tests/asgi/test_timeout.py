@@ -1,0 +1,270 @@
+"""TimeoutMiddleware: 504 before start, clean end mid-stream, ambient deadline, rules."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+
+import resilience as rs
+from resilience.asgi import Rule, TimeoutMiddleware
+from resilience.errors import ConfigurationError
+from resilience.testing import FakeClock
+
+from ._support import Result, call, http_scope, ok_app, serve
+
+pytestmark = pytest.mark.anyio
+
+
+async def run_until_started(
+    middleware: Any, started: anyio.Event, clock: FakeClock, advance: float, path: str = "/"
+) -> Result:
+    """Start a request, wait until the app runs, move virtual time, return the result."""
+    results: list[Result] = []
+
+    async def request() -> None:
+        results.append(await call(middleware, http_scope(path)))
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(request)
+            await started.wait()
+            clock.advance(advance)
+    return results[0]
+
+
+async def test_504_before_the_response_starts() -> None:
+    """An app that has not answered when time runs out is cancelled; the client gets 504."""
+    clock = FakeClock()
+    started = anyio.Event()
+    cancelled = []
+
+    async def slow(scope: Any, receive: Any, send: Any) -> None:
+        started.set()
+        try:
+            await anyio.sleep_forever()
+        except anyio.get_cancelled_exc_class():
+            cancelled.append(True)
+            raise
+
+    middleware = TimeoutMiddleware(slow, seconds=5, clock=clock)
+    result = await run_until_started(middleware, started, clock, 5)
+    assert result.status == 504
+    assert result.header("content-type") == "application/problem+json"
+    assert b'"status":504' in result.body
+    assert result.complete
+    assert cancelled == [True]
+
+
+async def test_no_timeout_before_the_deadline() -> None:
+    """Advancing less than ``seconds`` leaves the request alone."""
+    clock = FakeClock()
+    started = anyio.Event()
+    release = anyio.Event()
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        started.set()
+        await release.wait()
+        await ok_app(scope, receive, send)
+
+    middleware = TimeoutMiddleware(app, seconds=5, clock=clock)
+    results: list[Result] = []
+
+    async def request() -> None:
+        results.append(await call(middleware, http_scope()))
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(request)
+            await started.wait()
+            clock.advance(4.9)
+            release.set()
+    assert results[0].status == 200
+
+
+async def test_mid_stream_timeout_cancels_the_app_and_ends_the_response() -> None:
+    """Streaming started: the app and its helper task are cancelled; the body is ended."""
+    clock = FakeClock()
+    started = anyio.Event()
+    finished: list[str] = []
+
+    async def producer() -> None:
+        try:
+            await anyio.sleep_forever()
+        finally:
+            finished.append("producer")
+
+    async def streaming(scope: Any, receive: Any, send: Any) -> None:
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(producer)
+                await send({"type": "http.response.start", "status": 200, "headers": []})
+                await send(
+                    {"type": "http.response.body", "body": b"data: 1\n\n", "more_body": True}
+                )
+                started.set()
+                await anyio.sleep_forever()
+        finally:
+            finished.append("app")
+
+    middleware = TimeoutMiddleware(streaming, seconds=3, clock=clock)
+    result = await run_until_started(middleware, started, clock, 3)
+    assert result.status == 200
+    assert result.body == b"data: 1\n\n"
+    assert result.complete, "the response must be ended with more_body=False"
+    assert sorted(finished) == ["app", "producer"]
+
+
+async def test_deadline_is_lifted_once_the_response_is_complete() -> None:
+    """Work after the response (background tasks) is not cut by the timeout."""
+    clock = FakeClock()
+    started = anyio.Event()
+    proceed = anyio.Event()
+    after: list[str] = []
+
+    async def with_background(scope: Any, receive: Any, send: Any) -> None:
+        await ok_app(scope, receive, send)
+        started.set()
+        await proceed.wait()
+        after.append("background done")
+
+    middleware = TimeoutMiddleware(with_background, seconds=1, clock=clock)
+    results: list[Result] = []
+
+    async def request() -> None:
+        results.append(await call(middleware, http_scope()))
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(request)
+            await started.wait()
+            clock.advance(10)
+            await anyio.lowlevel.checkpoint()
+            proceed.set()
+    assert results[0].status == 200
+    assert after == ["background done"]
+
+
+async def test_ambient_deadline_is_set_for_inner_policies() -> None:
+    """Inside the app, ``rs.time_remaining()`` is the request's remaining time."""
+    clock = FakeClock(100.0)
+    seen: list[float | None] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        seen.append(rs.time_remaining())
+        await ok_app(scope, receive, send)
+
+    middleware = TimeoutMiddleware(app, seconds=2.5, clock=clock)
+    await call(middleware, http_scope())
+    assert seen == [2.5]
+    assert rs.time_remaining() is None, "the deadline is popped after the request"
+
+
+async def test_rules_per_path() -> None:
+    """A rule can lengthen, remove (None) or exempt a path's timeout."""
+    clock = FakeClock()
+    seen: dict[str, float | None] = {}
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        seen[scope["path"]] = rs.time_remaining()
+        await ok_app(scope, receive, send)
+
+    middleware = TimeoutMiddleware(
+        app,
+        seconds=1,
+        clock=clock,
+        rules=[
+            Rule("/reports/*", seconds=120),
+            Rule("/events", seconds=None),
+            Rule("/h", exempt=True),
+        ],
+    )
+    for path in ("/", "/reports/q1", "/events", "/h"):
+        assert (await call(middleware, http_scope(path))).status == 200
+    assert seen == {"/": 1.0, "/reports/q1": 120.0, "/events": None, "/h": None}
+    with pytest.raises(ConfigurationError, match="cost"):
+        TimeoutMiddleware(app, seconds=1, rules=[Rule("/x", cost=2)])
+    with pytest.raises(ConfigurationError, match="seconds"):
+        TimeoutMiddleware(app, seconds=-1)
+
+
+async def test_timed_out_event() -> None:
+    """A timeout emits ``TimedOut`` with the middleware's name."""
+    clock = FakeClock()
+    started = anyio.Event()
+    events: list[rs.Event] = []
+
+    async def slow(scope: Any, receive: Any, send: Any) -> None:
+        started.set()
+        await anyio.sleep_forever()
+
+    middleware = TimeoutMiddleware(slow, seconds=1, clock=clock, name="api-timeout")
+    middleware.add_listener(events.append)
+    await run_until_started(middleware, started, clock, 1)
+    assert events == [rs.TimedOut(policy="api-timeout", key=None, seconds=1.0)]
+
+
+async def test_non_http_scopes_pass_through_untouched() -> None:
+    """Websocket and lifespan scopes reach the app with the very same callables."""
+    seen: list[tuple[Any, Any, Any]] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        seen.append((scope, receive, send))
+
+    middleware = TimeoutMiddleware(app, seconds=0.001)
+
+    async def receive() -> dict[str, Any]:
+        return {}
+
+    async def send(message: Any) -> None:
+        pass
+
+    for scope in ({"type": "websocket", "path": "/ws"}, {"type": "lifespan"}):
+        await middleware(scope, receive, send)
+        assert seen[-1] == (scope, receive, send)
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+def test_uvicorn_504_and_mid_stream_cancellation_leave_no_task(anyio_backend: str) -> None:
+    """Under a real server: 504 before start; mid-stream the client gets a complete
+    truncated body, and the app's tasks are all finished afterwards."""
+    tasks: list[asyncio.Task[Any]] = []
+    done = threading.Event()
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        if scope["path"] == "/slow":
+            await asyncio.sleep(30)
+            return
+
+        async def producer() -> None:
+            await asyncio.sleep(30)
+
+        task = asyncio.create_task(producer())
+        tasks.append(task)
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b"first", "more_body": True})
+            await task
+        finally:
+            task.cancel()
+            done.set()
+
+    with serve(TimeoutMiddleware(app, seconds=0.3)) as url, httpx.Client(timeout=10) as client:
+        response = client.get(f"{url}/slow")
+        assert response.status_code == 504
+        with client.stream("GET", f"{url}/stream") as streamed:
+            assert streamed.status_code == 200
+            assert b"".join(streamed.iter_bytes()) == b"first"
+        assert done.wait(5)
+        deadline = time.monotonic() + 5
+        while not (tasks and all(t.done() for t in tasks)) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert tasks
+        assert all(t.done() for t in tasks), "a task of the cancelled app is still running"

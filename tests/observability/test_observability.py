@@ -1,0 +1,254 @@
+"""Observability adapters: the shared series, Prometheus, OpenTelemetry, logging, laziness."""
+
+from __future__ import annotations
+
+import logging
+import math
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import resilience as rs
+from resilience.asgi import ShadowRejected
+from resilience.observability import (
+    CALL_DURATION,
+    DECISIONS,
+    DEFAULT_BUCKETS,
+    FALLBACKS,
+    REJECTIONS,
+    STATE_CHANGES,
+    WAIT_DURATION,
+    LoggingListener,
+    OpenTelemetryMetrics,
+    PrometheusMetrics,
+    histogram_quantile,
+    samples,
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Timed(rs.Event):
+    """An event shaped like a future policy's: duration, wait and an allow bit."""
+
+    allowed: bool
+    duration: float
+    waited: float
+    outcome: str = "success"
+
+
+def names(event: rs.Event) -> dict[str, tuple[float, tuple[str, ...]]]:
+    return {series.name: (value, labels) for series, value, labels in samples(event)}
+
+
+def test_samples_map_each_event_type() -> None:
+    """Every event is counted; known types feed their series with bounded labels."""
+    rejected = names(rs.CallRejected(policy="api", key="203.0.113.7", retry_after=1.0))
+    assert rejected["resilience.events"] == (1.0, ("api", "CallRejected"))
+    assert rejected[DECISIONS.name] == (1.0, ("api", "rejected"))
+    assert rejected[REJECTIONS.name] == (1.0, ("api",))
+    assert all("203.0.113.7" not in labels for _, labels in rejected.values()), "never the key"
+    assert names(ShadowRejected(policy="api"))[DECISIONS.name] == (1.0, ("api", "shadow_rejected"))
+    assert names(rs.StateChanged(policy="b", old="closed", new="open"))[STATE_CHANGES.name] == (
+        1.0,
+        ("b", "closed", "open"),
+    )
+    assert names(rs.BackendFallback(policy="l", mode="local"))[FALLBACKS.name] == (
+        1.0,
+        ("l", "local"),
+    )
+    assert names(rs.FallbackUsed(policy="f", exception=ValueError()))[FALLBACKS.name][1] == (
+        "f",
+        "fallback",
+    )
+    assert "resilience.backend.recoveries" in names(rs.BackendRecovered(policy="l"))
+    assert names(rs.RetryScheduled(policy="r", attempt=1, delay=0.1))["resilience.retries"][1] == (
+        "r",
+        "scheduled",
+    )
+    assert names(rs.RetriesExhausted(policy="r", attempts=3, reason="attempts"))[
+        "resilience.retries"
+    ][1] == ("r", "exhausted")
+    assert "resilience.timeouts" in names(rs.TimedOut(policy="t", seconds=1.0))
+    timed = names(Timed(policy="p", allowed=True, duration=0.25, waited=0.5))
+    assert timed[CALL_DURATION.name] == (0.25, ("p", "success"))
+    assert timed[WAIT_DURATION.name] == (0.5, ("p",))
+    assert timed[DECISIONS.name] == (1.0, ("p", "admitted"))
+
+
+def test_histogram_quantile_interpolates() -> None:
+    """Linear interpolation inside the bucket, like PromQL's histogram_quantile."""
+    bounds = [0.1, 0.2, 0.5]
+    assert histogram_quantile(0.5, bounds, [0, 10, 0, 0]) == pytest.approx(0.15)
+    assert histogram_quantile(0.99, bounds, [50, 0, 50, 0]) == pytest.approx(0.494)
+    assert histogram_quantile(0.99, bounds, [0, 0, 0, 5]) == 0.5
+    assert math.isnan(histogram_quantile(0.5, bounds, [0, 0, 0, 0]))
+    with pytest.raises(ValueError):
+        histogram_quantile(1.5, bounds, [0, 0, 0, 0])
+
+
+@given(st.lists(st.floats(0, 100, allow_nan=False), min_size=1, max_size=200))
+def test_quantiles_are_ordered_and_bracket_the_data(values: list[float]) -> None:
+    """p50 <= p95 <= p99, and each lies in the bucket range of the observations."""
+    counts = [0] * (len(DEFAULT_BUCKETS) + 1)
+    for value in values:
+        index = next((i for i, b in enumerate(DEFAULT_BUCKETS) if value <= b), len(DEFAULT_BUCKETS))
+        counts[index] += 1
+    p50, p95, p99 = (histogram_quantile(q, DEFAULT_BUCKETS, counts) for q in (0.5, 0.95, 0.99))
+    assert p50 <= p95 <= p99 <= DEFAULT_BUCKETS[-1]
+    true_p99 = sorted(values)[max(0, math.ceil(0.99 * len(values)) - 1)]
+    bucket = next((i for i, b in enumerate(DEFAULT_BUCKETS) if true_p99 <= b), None)
+    if bucket is not None:  # the estimate stays within the true value's bucket
+        lower = DEFAULT_BUCKETS[bucket - 1] if bucket else 0.0
+        assert lower <= p99 <= DEFAULT_BUCKETS[bucket]
+
+
+@pytest.fixture
+def prometheus() -> Iterator[PrometheusMetrics]:
+    metrics = PrometheusMetrics().install()
+    try:
+        yield metrics
+    finally:
+        metrics.uninstall()
+
+
+def feed(listener: Any) -> None:
+    listener(rs.CallRejected(policy="api", key="k", retry_after=1.0))
+    listener(rs.CallRejected(policy="api", key="k2", retry_after=1.0))
+    listener(rs.StateChanged(policy="payments", old="closed", new="open"))
+    listener(rs.BackendFallback(policy="api", mode="local"))
+    for i in range(100):
+        listener(Timed(policy="downloads", allowed=True, duration=0.001 * (i + 1), waited=0.0))
+
+
+def test_prometheus_series_and_percentiles(prometheus: PrometheusMetrics) -> None:
+    """Counters and histograms appear with their labels; p50/p95/p99 come from buckets."""
+    feed(prometheus)
+    text = prometheus.exposition().decode()
+    assert 'resilience_decisions_total{outcome="rejected",policy="api"} 2.0' in text
+    assert 'resilience_rejections_total{policy="api"} 2.0' in text
+    assert 'resilience_state_changes_total{from="closed",policy="payments",to="open"} 1.0' in text
+    assert 'resilience_fallbacks_total{mode="local",policy="api"} 1.0' in text
+    assert (
+        'resilience_call_duration_seconds_count{outcome="success",policy="downloads"} 100.0' in text
+    )
+    p = prometheus.percentiles("downloads")
+    # True values: p50 = 0.050, p95 = 0.095, p99 = 0.099 (bucket resolution: 0.05-0.1).
+    assert 0.025 <= p[0.5] <= 0.05
+    assert 0.05 <= p[0.95] <= 0.1
+    assert 0.05 <= p[0.99] <= 0.1
+    assert all(math.isnan(v) for v in prometheus.percentiles("nobody").values())
+
+
+def test_prometheus_receives_global_events(prometheus: PrometheusMetrics) -> None:
+    """Installed, it hears every policy through rs.add_listener."""
+    from resilience._events import GLOBAL_LISTENERS, emit
+
+    assert prometheus in GLOBAL_LISTENERS
+    emit([], rs.TimedOut(policy="slow", seconds=1.0))
+    assert 'resilience_timeouts_total{policy="slow"} 1.0' in prometheus.exposition().decode()
+    prometheus.uninstall()
+    assert prometheus not in GLOBAL_LISTENERS
+
+
+@pytest.mark.anyio
+async def test_prometheus_metrics_asgi_app(prometheus: PrometheusMetrics) -> None:
+    """``asgi_app()`` serves the registry at /metrics."""
+    feed(prometheus)
+    transport = httpx.ASGITransport(app=prometheus.asgi_app())
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        response = await client.get("/metrics")
+    assert response.status_code == 200
+    assert "resilience_rejections_total" in response.text
+
+
+def test_prometheus_namespace_and_shared_registry() -> None:
+    """Two adapters on separate registries do not collide; namespace prefixes names."""
+    a, b = PrometheusMetrics(), PrometheusMetrics(namespace="svc")
+    b(rs.TimedOut(policy="x", seconds=1.0))
+    assert "svc_resilience_timeouts_total" in b.exposition().decode()
+    assert "svc_" not in a.exposition().decode()
+
+
+def test_opentelemetry_instruments() -> None:
+    """Same series as OTel instruments with namespaced attributes and advised buckets."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    reader = InMemoryMetricReader()
+    metrics = OpenTelemetryMetrics(meter_provider=MeterProvider(metric_readers=[reader]))
+    feed(metrics)
+    data = reader.get_metrics_data()
+    assert data is not None
+    found: dict[str, Any] = {}
+    for resource_metrics in data.resource_metrics:
+        for scope_metrics in resource_metrics.scope_metrics:
+            assert scope_metrics.scope.name == "resilience"
+            for metric in scope_metrics.metrics:
+                found[metric.name] = metric
+    decisions = found["resilience.decisions"].data.data_points
+    assert sorted((tuple(sorted(p.attributes.items())), p.value) for p in decisions) == [
+        ((("resilience.outcome", "admitted"), ("resilience.policy", "downloads")), 100),
+        ((("resilience.outcome", "rejected"), ("resilience.policy", "api")), 2),
+    ]
+    changes = found["resilience.state_changes"].data.data_points[0]
+    assert dict(changes.attributes) == {
+        "resilience.policy": "payments",
+        "resilience.state.from": "closed",
+        "resilience.state.to": "open",
+    }
+    duration = found["resilience.call.duration"]
+    assert duration.unit == "s"
+    point = duration.data.data_points[0]
+    assert list(point.explicit_bounds) == list(DEFAULT_BUCKETS)
+    p99 = histogram_quantile(0.99, point.explicit_bounds, point.bucket_counts)
+    assert 0.05 <= p99 <= 0.1
+
+
+def test_logging_listener_levels(caplog: pytest.LogCaptureFixture) -> None:
+    """State changes log at WARNING, rejections at DEBUG; the event rides on the record."""
+    listener = LoggingListener()
+    with caplog.at_level(logging.INFO, logger="resilience.events"):
+        listener(rs.StateChanged(policy="payments", old="closed", new="open"))
+        listener(rs.CallRejected(policy="api", key="k"))
+    assert len(caplog.records) == 1
+    record = caplog.records[0]
+    assert record.levelno == logging.WARNING
+    assert "StateChanged policy=payments" in record.getMessage()
+    assert "old='closed'" in record.getMessage()
+    assert getattr(record, "resilience_event") == rs.StateChanged(
+        policy="payments", old="closed", new="open"
+    )
+    with caplog.at_level(logging.DEBUG, logger="resilience.events"):
+        listener(rs.CallRejected(policy="api", key="k"))
+    assert caplog.records[-1].levelno == logging.DEBUG
+
+
+def test_missing_extra_names_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without prometheus_client / opentelemetry the error says which extra to install."""
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)
+    with pytest.raises(ImportError, match=r"resilience\[prometheus\]"):
+        PrometheusMetrics()
+    monkeypatch.setitem(sys.modules, "opentelemetry.metrics", None)
+    with pytest.raises(ImportError, match=r"resilience\[otel\]"):
+        OpenTelemetryMetrics()
+
+
+def test_imports_are_lazy() -> None:
+    """Importing resilience, resilience.asgi and resilience.observability loads no extra."""
+    code = (
+        "import sys, resilience, resilience.asgi, resilience.observability\n"
+        "heavy = [m for m in ('prometheus_client', 'opentelemetry', 'starlette', 'httpx')"
+        " if m in sys.modules]\n"
+        "print(heavy)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert out.stdout.strip() == "[]"
