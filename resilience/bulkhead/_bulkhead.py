@@ -1,0 +1,617 @@
+"""The Bulkhead policy: per-key concurrency limits for threads and tasks alike.
+
+The shells here do the waiting; :class:`~._slots.Slots` does the bookkeeping. The
+admitted path is one lock round trip to take a slot and one to give it back; nothing
+is allocated for ``with bulkhead:`` and the decorator. Only a caller that must wait
+builds a waiter (thread, asyncio or trio flavour) and parks on it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Hashable
+from contextvars import ContextVar
+from dataclasses import dataclass
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from .. import _deadline
+from .._clock import SYSTEM_CLOCK, Clock
+from .._events import CallRejected
+from .._policy import PolicyBase
+from .._validate import check_callable, check_choice, check_int, check_number
+from ..errors import BulkheadFull
+from ._permit import Permit
+from ._slots import GRANTED, Slots, Waiter
+from ._waiters import ThreadWaiter, async_waiter
+
+if TYPE_CHECKING:
+    from ._distributed import Distributed
+
+__all__ = ["Bulkhead", "BulkheadStatistics"]
+
+T = TypeVar("T")
+
+#: Priority of calls that name none: lower numbers are served first.
+DEFAULT_PRIORITY = 0
+
+_MIN_INT = -(2**63)
+_MAX_INT = 2**63 - 1
+
+# ``with bulkhead:`` on a distributed bulkhead keeps its permits here, per task/thread.
+_HELD: ContextVar[tuple[Permit, ...]] = ContextVar("resilience_bulkhead_held", default=())
+
+
+@dataclass(frozen=True, slots=True)
+class BulkheadStatistics:
+    """A snapshot of a :class:`Bulkhead`, for the whole bulkhead or one key.
+
+    ``in_flight`` and ``waiting`` count this process; ``rejected`` counts calls refused
+    (at once or after waiting) since construction. For a distributed bulkhead,
+    ``backend`` holds the failover counters and, per key, ``shared_in_flight`` the
+    number of live leases in Redis (all processes).
+
+    Example::
+
+        stats = bulkhead.statistics(key="example.com")
+        print(stats.in_flight, stats.waiting, stats.rejected)
+    """
+
+    max_concurrent: int
+    in_flight: int
+    waiting: int
+    rejected: int
+    keys: int
+    key: Hashable | None = None
+    shared_in_flight: int | None = None
+    backend: dict[str, Any] | None = None
+
+
+class Bulkhead(PolicyBase):
+    """Limit how many calls run at once, per key, in this process or across processes.
+
+    A call takes one of ``max_concurrent`` slots of its key for as long as it runs.
+    When all slots are held it waits up to ``max_wait`` seconds (clamped to the ambient
+    deadline) for one, then raises :class:`~resilience.BulkheadFull`. Waiters are served
+    by ``priority`` (lower numbers first: 0 interactive, 10 batch), FIFO within a
+    priority; a released slot is handed straight to the next waiter, so nobody barges.
+
+    One instance is safe to share between worker threads and asyncio or trio tasks at
+    the same time. Per-key state exists only while a key has holders or waiters, so a
+    million distinct keys leave nothing behind.
+
+    Arguments:
+        max_concurrent: slots per key (>= 1).
+        key: ``key(*args, **kwargs) -> hashable`` computing the key of a decorated call
+            (e.g. the URL's host); ``None``: one shared group.
+        max_wait: default seconds to wait for a slot (0: reject at once; ``math.inf``:
+            wait as long as the ambient deadline allows).
+        priority: default priority, an ``int`` or ``priority(*args, **kwargs) -> int``
+            for decorated calls. Direct ``acquire()`` calls take ``priority=``.
+        backend: ``None`` (in process) or a
+            :class:`~resilience.backends.RedisBackend`: slots become Redis leases shared
+            by every process using the same bulkhead ``name`` (see ``lease``).
+        lease: seconds a Redis lease lives without renewal; holders renew it every
+            ``lease / 3`` in the background, and a crashed holder's slot frees at most
+            ``lease`` seconds after its last renewal.
+        on_backend_error: while Redis fails: ``"local"`` (an in-process bulkhead of
+            ``local_limit`` slots per key), ``"open"`` (admit) or ``"closed"`` (raise
+            :class:`~resilience.BackendError`). Redis is probed again after 50 ms,
+            doubling up to 1 s, and used again as soon as it answers.
+        local_limit: slots per key this process may use on its own in ``"local"`` mode
+            (default ``max_concurrent``); ``max_concurrent // processes`` keeps the
+            global limit while Redis is down.
+        on_lease_lost: ``"raise"`` (release raises :class:`LeaseLost`) or ``"event"``
+            (only the :class:`BulkheadLeaseLost` event).
+        clock: time source (tests pass a FakeClock: its timers expire waiters).
+        name: the policy's name; for a distributed bulkhead also its identity in Redis.
+
+    Example::
+
+        per_domain = rs.Bulkhead(4, key=lambda url: urlsplit(url).hostname, max_wait=10.0)
+
+        @per_domain
+        async def download(url: str) -> bytes: ...
+
+        with per_domain.acquire(key="example.com"):     # direct use
+            ...
+    """
+
+    __slots__ = (
+        "_clock",
+        "_default_priority",
+        "_in_use",
+        "_key",
+        "_limit",
+        "_lock",
+        "_now",
+        "_priority",
+        "_queues",
+        "_remote",
+        "_slots",
+        "_timers",
+        "max_concurrent",
+        "max_wait",
+    )
+
+    raises_rejected = True
+
+    def __init__(
+        self,
+        max_concurrent: int,
+        *,
+        key: Callable[..., Hashable] | None = None,
+        max_wait: float = 0.0,
+        backend: Any = None,
+        lease: float = 30.0,
+        priority: int | Callable[..., int] | None = None,
+        on_backend_error: str = "local",
+        local_limit: int | None = None,
+        on_lease_lost: str = "raise",
+        clock: Clock | None = None,
+        name: str | None = None,
+    ) -> None:
+        super().__init__(name=name)
+        self.max_concurrent: int = check_int("max_concurrent", max_concurrent, minimum=1)
+        self._limit = self.max_concurrent
+        self._key = check_callable("key", key)
+        self.max_wait: float = check_number("max_wait", max_wait, allow_inf=True)
+        lease = check_number("lease", lease, minimum=0.0, strict=True)
+        check_choice("on_lease_lost", on_lease_lost, ("raise", "event"))
+        local_limit = check_int("local_limit", local_limit, minimum=1, allow_none=True)
+        if priority is None or callable(priority):
+            self._priority: Callable[..., int] | None = priority
+            self._default_priority = DEFAULT_PRIORITY
+        else:
+            self._priority = None
+            self._default_priority = _check_priority("priority", priority)
+        self._clock: Clock = clock if clock is not None else SYSTEM_CLOCK
+        self._now = self._clock.monotonic
+        # Clocks with timers (FakeClock) expire waiters in virtual time.
+        self._timers = hasattr(self._clock, "call_at") and self._clock is not SYSTEM_CLOCK
+        self._slots = Slots(self.max_concurrent)
+        self._lock = self._slots.lock
+        self._in_use = self._slots.in_use
+        self._queues = self._slots.queues
+        self._remote: Distributed | None = None
+        if backend is not None and not _is_memory(backend):
+            from ._distributed import Distributed
+
+            self._remote = Distributed(
+                self,
+                backend,
+                lease=lease,
+                on_backend_error=on_backend_error,
+                local_limit=self.max_concurrent if local_limit is None else local_limit,
+                on_lease_lost=on_lease_lost,
+            )
+        else:
+            from ..backends._failover import MODES
+
+            check_choice("on_backend_error", on_backend_error, MODES)
+
+    # ------------------------------------------------------------------ direct use
+
+    def acquire_nowait(self, key: Hashable = None) -> Permit:
+        """Take a slot of ``key`` now or raise :class:`~resilience.BulkheadFull`.
+
+        Example::
+
+            try:
+                permit = bulkhead.acquire_nowait(key="example.com")
+            except rs.BulkheadFull:
+                return "busy"
+            with permit:
+                ...
+        """
+        if self._remote is not None:
+            return self._remote.acquire(key, self._default_priority, 0.0)
+        self._lock.acquire()
+        try:
+            n = self._in_use.get(key, 0)
+            if n < self._limit:
+                self._in_use[key] = n = n + 1
+            else:
+                n = 0
+        finally:
+            self._lock.release()
+        if not n:
+            raise self._rejected(key)
+        if n == self._limit and self._slots.sampling:
+            return Permit(self, key, self._now())
+        return Permit(self, key)
+
+    def acquire(
+        self, key: Hashable = None, *, priority: int | None = None, max_wait: float | None = None
+    ) -> Permit:
+        """Take a slot of ``key``, blocking the thread up to ``max_wait`` seconds.
+
+        ``max_wait`` defaults to the bulkhead's and is clamped to the ambient deadline;
+        ``priority`` defaults to the bulkhead's (lower numbers are served first).
+
+        Example::
+
+            with bulkhead.acquire(key="example.com", max_wait=5.0):
+                download()
+        """
+        priority = self._direct_priority(priority)
+        wait = self.max_wait if max_wait is None else _check_wait(max_wait)
+        if self._remote is not None:
+            return self._remote.acquire(key, priority, wait)
+        n = self._slots.try_acquire(key)
+        if not n:
+            self._wait(key, priority, wait)
+            n = self._limit
+        return Permit(self, key, self._sample_start(n))
+
+    async def acquire_async(
+        self, key: Hashable = None, *, priority: int | None = None, max_wait: float | None = None
+    ) -> Permit:
+        """Take a slot of ``key``, suspending the task up to ``max_wait`` seconds.
+
+        Works on asyncio and trio. Cancelling the waiting task never leaks a slot.
+
+        Example::
+
+            async with await bulkhead.acquire_async(key="example.com", priority=0):
+                await download()
+        """
+        priority = self._direct_priority(priority)
+        wait = self.max_wait if max_wait is None else _check_wait(max_wait)
+        if self._remote is not None:
+            return await self._remote.acquire_async(key, priority, wait)
+        n = self._slots.try_acquire(key)
+        if not n:
+            await self._wait_async(key, priority, wait)
+            n = self._limit
+        return Permit(self, key, self._sample_start(n))
+
+    # ------------------------------------------------------------------ policy
+
+    # The admitted path below inlines Slots.try_acquire / Slots.release (uncontended
+    # branch only): one lock round trip each way, no call layers, no allocation. Any
+    # other case (full, waiters present, distributed) goes through the Slots methods.
+    # Explicit acquire()/try/finally/release() costs half of ``with lock:`` on 3.11.
+
+    def call(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+        """Run ``fn(*args, **kwargs)`` holding a slot of its key (waits up to ``max_wait``).
+
+        Example: ``data = bulkhead.call(fetch, "https://example.com/a")``
+        """
+        key = None if self._key is None else self._key(*args, **kwargs)
+        if self._remote is not None:
+            priority = self._call_priority(args, kwargs)
+            return self._remote.call(fn, key, priority, args, kwargs)
+        self._lock.acquire()
+        try:
+            n = self._in_use.get(key, 0)
+            if n < self._limit:
+                self._in_use[key] = n = n + 1
+            else:
+                n = 0
+        finally:
+            self._lock.release()
+        if not n:
+            self._wait(key, self._call_priority(args, kwargs), self.max_wait)
+            n = self._limit
+        t0 = self._now() if n == self._limit and self._slots.sampling else None
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            self._give_back(key, t0)
+
+    async def call_async(self, fn: Callable[..., Awaitable[T]], /, *args: Any, **kwargs: Any) -> T:
+        """Run ``await fn(*args, **kwargs)`` holding a slot of its key (asyncio or trio).
+
+        Example: ``data = await bulkhead.call_async(fetch, "https://example.com/a")``
+        """
+        key = None if self._key is None else self._key(*args, **kwargs)
+        if self._remote is not None:
+            priority = self._call_priority(args, kwargs)
+            return await self._remote.call_async(fn, key, priority, args, kwargs)
+        self._lock.acquire()
+        try:
+            n = self._in_use.get(key, 0)
+            if n < self._limit:
+                self._in_use[key] = n = n + 1
+            else:
+                n = 0
+        finally:
+            self._lock.release()
+        if not n:
+            await self._wait_async(key, self._call_priority(args, kwargs), self.max_wait)
+            n = self._limit
+        t0 = self._now() if n == self._limit and self._slots.sampling else None
+        try:
+            return await fn(*args, **kwargs)
+        finally:
+            self._give_back(key, t0)
+
+    def __enter__(self) -> Bulkhead:
+        if self._remote is None:
+            self._lock.acquire()
+            try:
+                n = self._in_use.get(None, 0)
+                if n < self._limit:
+                    self._in_use[None] = n + 1
+                    return self
+            finally:
+                self._lock.release()
+            self._wait(None, self._default_priority, self.max_wait)
+            return self
+        permit = self._remote.acquire(None, self._default_priority, self.max_wait)
+        _HELD.set((*_HELD.get(), permit))
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._remote is None:
+            self._lock.acquire()
+            try:
+                if not self._queues:
+                    in_use = self._in_use
+                    n = in_use[None] - 1
+                    if n:
+                        in_use[None] = n
+                    else:
+                        del in_use[None]
+                        if not in_use:
+                            in_use.clear()
+                    return
+            finally:
+                self._lock.release()
+            self._give_back(None, None)
+            return
+        self._pop_held().__exit__(exc_type, exc, tb)
+
+    async def __aenter__(self) -> Bulkhead:
+        if self._remote is None:
+            self._lock.acquire()
+            try:
+                n = self._in_use.get(None, 0)
+                if n < self._limit:
+                    self._in_use[None] = n + 1
+                    return self
+            finally:
+                self._lock.release()
+            await self._wait_async(None, self._default_priority, self.max_wait)
+            return self
+        permit = await self._remote.acquire_async(None, self._default_priority, self.max_wait)
+        _HELD.set((*_HELD.get(), permit))
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._remote is None:
+            self._lock.acquire()
+            try:
+                if not self._queues:
+                    in_use = self._in_use
+                    n = in_use[None] - 1
+                    if n:
+                        in_use[None] = n
+                    else:
+                        del in_use[None]
+                        if not in_use:
+                            in_use.clear()
+                    return
+            finally:
+                self._lock.release()
+            self._give_back(None, None)
+            return
+        await self._pop_held().__aexit__(exc_type, exc, tb)
+
+    # ------------------------------------------------------------------ introspection
+
+    def statistics(self, key: Hashable = None) -> BulkheadStatistics:
+        """Counters for the whole bulkhead, or for ``key`` when given.
+
+        Example::
+
+            stats = bulkhead.statistics()
+            print(f"{stats.in_flight}/{stats.max_concurrent} busy, {stats.waiting} waiting")
+        """
+        slots = self._slots
+        if key is None:
+            in_flight, waiting, keys = slots.totals()
+        else:
+            in_flight, waiting = slots.counts(key)
+            keys = 1 if in_flight else 0
+        shared = backend = None
+        if self._remote is not None:
+            shared, backend, (r_in, r_wait, r_keys) = self._remote.statistics(key)
+            in_flight += r_in
+            waiting += r_wait
+            keys += r_keys
+        return BulkheadStatistics(
+            max_concurrent=self.max_concurrent,
+            in_flight=in_flight,
+            waiting=waiting,
+            rejected=slots.rejected if key is None else slots.rejected_for(key),
+            keys=keys,
+            key=key,
+            shared_in_flight=shared,
+            backend=backend,
+        )
+
+    def close(self) -> None:
+        """Stop the background Redis listener of a distributed bulkhead (no-op in process).
+
+        Held leases stay valid until released. Example: ``bulkhead.close()``
+        """
+        if self._remote is not None:
+            self._remote.close()
+
+    def __repr__(self) -> str:
+        where = "" if self._remote is None else " redis"
+        return f"<Bulkhead {self.name!r} max_concurrent={self.max_concurrent}{where}>"
+
+    # ------------------------------------------------------------------ waiting
+
+    def _wait(self, key: Hashable, priority: int, max_wait: float) -> None:
+        """Block until a slot of ``key`` is handed over, or raise BulkheadFull."""
+        waiter = self._begin_wait(ThreadWaiter(key), priority, max_wait)
+        if waiter is None:
+            return
+        timer = self._arm(waiter, max_wait)
+        try:
+            waiter.wait(None if timer is not None else _deadline.clamp(max_wait))
+        except BaseException:
+            self._give_up(waiter)
+            raise
+        finally:
+            if timer is not None:
+                timer.cancel()
+        self._end_wait(waiter)
+
+    async def _wait_async(self, key: Hashable, priority: int, max_wait: float) -> None:
+        """Suspend until a slot of ``key`` is handed over, or raise BulkheadFull."""
+        waiter = self._begin_wait(async_waiter(key), priority, max_wait)
+        if waiter is None:
+            return
+        timer = self._arm(waiter, max_wait)
+        try:
+            await waiter.wait(None if timer is not None else _deadline.clamp(max_wait))
+        except BaseException:
+            self._give_up(waiter)
+            raise
+        finally:
+            if timer is not None:
+                timer.cancel()
+        self._end_wait(waiter)
+
+    def _begin_wait(self, waiter: Any, priority: int, max_wait: float) -> Any:
+        """Queue ``waiter``; None if a slot was taken on the way, raises if no wait allowed."""
+        key = waiter.key
+        if _deadline.clamp(max_wait) <= 0:
+            raise self._rejected(key)
+        if self._slots.enqueue(waiter, priority):
+            return None
+        return waiter
+
+    def _arm(self, waiter: Waiter, max_wait: float) -> Any:
+        """A virtual-clock timer expiring ``waiter`` (None: the wait itself times out)."""
+        if not self._timers:
+            return None
+        seconds = _deadline.clamp(max_wait)
+        if seconds == float("inf"):
+            return _NO_TIMER
+        return self._clock.call_at(  # type: ignore[attr-defined]
+            self._now() + seconds, lambda: self._expire(waiter)
+        )
+
+    def _expire(self, waiter: Waiter) -> None:
+        if self._slots.expire(waiter):
+            try:
+                waiter.wake()
+            except Exception:
+                pass  # its loop is gone; nothing to hand over either
+
+    def _end_wait(self, waiter: Waiter) -> None:
+        """After the wait: keep the handed-over slot, or give up and raise BulkheadFull."""
+        if waiter.state == GRANTED:
+            return
+        self._give_up(waiter)
+        raise self._rejected(waiter.key)
+
+    def _give_up(self, waiter: Waiter) -> None:
+        """Leave the queue; a slot handed over meanwhile goes to the next waiter."""
+        next_waiter = self._slots.withdraw(waiter)
+        if next_waiter is not None:
+            self._wake(next_waiter)
+
+    def _wake(self, waiter: Waiter) -> None:
+        """Wake a waiter that was handed a slot; if it cannot run, hand the slot on."""
+        while True:
+            try:
+                waiter.wake()
+                return
+            except Exception:
+                next_waiter = self._slots.abandon(waiter)
+                if next_waiter is None:
+                    return
+                waiter = next_waiter
+
+    # ------------------------------------------------------------------ helpers
+
+    def _give_back(self, key: Hashable, t0: float | None) -> None:
+        """Release one slot of ``key`` held since ``t0`` (a sampled start, or None)."""
+        slots = self._slots
+        if t0 is not None:
+            slots.record_hold(self._now() - t0)
+        waiter = slots.release(key)
+        if waiter is not None:
+            self._wake(waiter)
+
+    def _sample_start(self, n: int) -> float | None:
+        """Start a hold-time sample when this acquisition filled the last slot."""
+        return self._now() if n == self._limit and self._slots.sampling else None
+
+    def _rejected(self, key: Hashable) -> BulkheadFull:
+        slots = self._slots
+        slots.reject(key)
+        retry_after = slots.retry_after(key)
+        if self._observed:
+            self._emit(
+                CallRejected(
+                    policy=self.name,
+                    key=None if key is None else str(key),
+                    retry_after=retry_after,
+                )
+            )
+        return BulkheadFull(
+            f"bulkhead {self.name!r} is full (max_concurrent={self.max_concurrent}"
+            + ("" if key is None else f", key={key!r}")
+            + ")",
+            retry_after=retry_after,
+        )
+
+    def _call_priority(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
+        if self._priority is None:
+            return self._default_priority
+        return _check_priority("priority()", self._priority(*args, **kwargs))
+
+    def _direct_priority(self, priority: int | None) -> int:
+        if priority is None:
+            return self._default_priority
+        return _check_priority("priority", priority)
+
+    def _pop_held(self) -> Permit:
+        held = _HELD.get()
+        if not held:
+            raise RuntimeError("Bulkhead.__exit__ without a matching __enter__")
+        _HELD.set(held[:-1])
+        return held[-1]
+
+
+class _NoTimer:
+    """Stands for the timer of an unbounded wait on a virtual clock."""
+
+    __slots__ = ()
+
+    def cancel(self) -> None:
+        """Nothing to cancel."""
+
+
+_NO_TIMER = _NoTimer()
+
+
+def _check_priority(name: str, value: Any) -> int:
+    return int(check_int(name, value, minimum=_MIN_INT, maximum=_MAX_INT))
+
+
+def _check_wait(value: Any) -> float:
+    return float(check_number("max_wait", value, allow_inf=True))
+
+
+def _is_memory(backend: Any) -> bool:
+    from ..backends import MemoryBackend
+
+    return isinstance(backend, MemoryBackend)

@@ -1,0 +1,734 @@
+"""The distributed bulkhead: slots are Redis leases shared by every process.
+
+Per key, one sorted set holds the live leases (token -> expiry in Redis time); the
+Lua scripts under ``resilience/backends/lua/bulkhead_*.lua`` acquire (idempotent by
+token, reaping expired leases), renew and release a lease in one ``EVALSHA`` each.
+
+* A holder's lease is renewed every ``lease / 3`` by the process's lease keeper
+  (:mod:`._keeper`); if it is lost the permit is told (event, hook, LeaseLost at release).
+* A caller that finds the key full (or local waiters of the key ahead of it) waits in a
+  local queue (priority, then arrival). The first local waiter of a key sleeps until a
+  release notification (:mod:`._notifier`), the earliest lease expiry or its deadline,
+  then retries; the others sleep until they become first. Across processes there is no
+  queue: whoever asks first after a release wins (see docs/bulkhead.md for what is and
+  is not guaranteed).
+* When Redis fails, ``on_backend_error`` applies through the shared
+  :class:`~resilience.backends.Failover`: an in-process twin of ``local_limit`` slots,
+  admit, or raise :class:`~resilience.BackendError`.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import os
+import threading
+import time
+import weakref
+from collections.abc import Awaitable, Callable, Hashable
+from importlib import resources
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from .. import _deadline
+from ..backends._failover import Failover
+from ..errors import BackendError, BulkheadFull, ConfigurationError
+from ._events import BulkheadLeaseLost, LeaseLost
+from ._keeper import KEEPER
+from ._notifier import Notifier
+from ._permit import Permit
+from ._signals import AsyncioSignal, ThreadSignal, TrioSignal, async_signal
+
+if TYPE_CHECKING:
+    from ._bulkhead import Bulkhead
+
+__all__ = ["Distributed", "LeasePermit"]
+
+T = TypeVar("T")
+Signal = ThreadSignal | AsyncioSignal | TrioSignal
+
+
+def _lua(name: str) -> str:
+    return resources.files("resilience.backends").joinpath(f"lua/{name}").read_text()
+
+
+ACQUIRE_LUA = _lua("bulkhead_acquire.lua")
+RENEW_LUA = _lua("bulkhead_renew.lua")
+RELEASE_LUA = _lua("bulkhead_release.lua")
+COUNT_LUA = _lua("bulkhead_count.lua")
+
+_now = time.monotonic
+
+
+def _new_token() -> str:
+    return os.urandom(12).hex()
+
+
+def _key_part(key: Hashable) -> str | bytes | int | float:
+    if isinstance(key, str | bytes | int | float) and not isinstance(key, bool):
+        return key
+    return repr(key)
+
+
+class LeasePermit(Permit):
+    """A slot of a distributed bulkhead: a Redis lease renewed in the background.
+
+    See :class:`Permit`. ``lost`` turns true if the lease expired or could not be renewed
+    in time; :meth:`release` then raises :class:`LeaseLost` (once) unless the bulkhead
+    was built with ``on_lease_lost="event"``.
+
+    Example::
+
+        with bulkhead.acquire(key="example.com") as permit:
+            permit.on_lost(scope.cancel)
+            ...
+    """
+
+    __slots__ = (
+        "__weakref__",
+        "_callbacks",
+        "_dist",
+        "_job",
+        "_lost",
+        "keys",
+        "reason",
+        "token",
+    )
+
+    def __init__(self, dist: Distributed, key: Hashable, keys: list[str], token: str) -> None:
+        super().__init__(dist.owner, key, _now())
+        self._dist = dist
+        #: The Redis keys of this lease (the sorted set, the waiting flag).
+        self.keys = keys
+        #: The lease's token in the sorted set.
+        self.token = token
+        self._lost = False
+        #: Why the lease was lost (``"expired"`` or ``"unreachable"``), or ``""``.
+        self.reason = ""
+        self._callbacks: list[Callable[[], object]] = []
+        self._job: _Renewal | None = None
+
+    @property
+    def lost(self) -> bool:
+        """Whether the lease was lost while held."""
+        return self._lost
+
+    def on_lost(self, callback: Callable[[], object]) -> None:
+        """Call ``callback()`` (from the keeper thread) if the lease is lost while held.
+
+        Called at once if it was already lost. Example: ``permit.on_lost(scope.cancel)``
+        """
+        with self._dist.lock:
+            if not self._lost:
+                self._callbacks.append(callback)
+                return
+        callback()
+
+    def release(self) -> None:
+        """Release the lease (one EVALSHA); raises :class:`LeaseLost` if it was lost."""
+        if not self._dist.begin_release(self):
+            return
+        try:
+            removed = self._dist.release_script.run(self.keys, self._dist.release_args(self))
+        except BackendError:
+            removed = None  # Redis is down: the lease expires by itself
+        self._dist.end_release(self, removed, quiet=False)
+
+    async def release_async(self) -> None:
+        """Release the lease without blocking the event loop; see :meth:`release`."""
+        if not self._dist.begin_release(self):
+            return
+        try:
+            removed = await self._dist.release_script.run_async(
+                self.keys, self._dist.release_args(self)
+            )
+        except BackendError:
+            removed = None
+        except BaseException:
+            self._dist.release_later(self.keys, self.token)
+            self._dist.end_release(self, None, quiet=True)
+            raise
+        self._dist.end_release(self, removed, quiet=False)
+
+    def _release_quietly(self) -> None:
+        if not self._dist.begin_release(self):
+            return
+        try:
+            removed = self._dist.release_script.run(self.keys, self._dist.release_args(self))
+        except BackendError:
+            removed = None
+        self._dist.end_release(self, removed, quiet=True)
+
+    async def _release_quietly_async(self) -> None:
+        if not self._dist.begin_release(self):
+            return
+        try:
+            removed = await self._dist.release_script.run_async(
+                self.keys, self._dist.release_args(self)
+            )
+        except BackendError:
+            removed = None
+        except BaseException:
+            self._dist.release_later(self.keys, self.token)
+            self._dist.end_release(self, None, quiet=True)
+            raise
+        self._dist.end_release(self, removed, quiet=True)
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is None:
+            self.release()
+        else:
+            self._release_quietly()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is None:
+            await self.release_async()
+        else:
+            await self._release_quietly_async()
+
+    def _mark_lost(self, reason: str) -> bool:
+        """Record the loss (once, while held); returns whether this call recorded it."""
+        with self._dist.lock:
+            if self._lost or self._released:
+                return False
+            self._lost = True
+            self.reason = reason
+            callbacks, self._callbacks = self._callbacks, []
+        self._dist.lease_lost(self, reason)
+        for callback in callbacks:
+            try:
+                callback()
+            except Exception:
+                pass
+        return True
+
+    def __repr__(self) -> str:
+        state = "released" if self._released else ("lost" if self._lost else "held")
+        return f"<LeasePermit {self._bulkhead.name!r} key={self.key!r} {state}>"
+
+
+class _OpenPermit(Permit):
+    """Admitted without a slot (``on_backend_error="open"`` while Redis fails)."""
+
+    __slots__ = ()
+
+    def release(self) -> None:
+        """Nothing to give back."""
+        self._released = True
+
+
+class _Renewal:
+    """The keeper job of one lease: renew every ``lease / 3`` until released or lost."""
+
+    __slots__ = ("active", "confirmed_until", "dist", "key", "keys", "permit", "token")
+
+    def __init__(self, dist: Distributed, permit: LeasePermit, started: float) -> None:
+        self.dist = dist
+        self.permit = weakref.ref(permit)
+        self.key = permit.key
+        self.keys = permit.keys
+        self.token = permit.token
+        self.active = True
+        # The lease certainly lives until then (it was set no earlier than we asked).
+        self.confirmed_until = started + dist.lease
+
+    def __call__(self) -> float | None:
+        if not self.active:
+            return None
+        dist = self.dist
+        permit = self.permit()
+        if permit is None:
+            # Dropped without release(): give the slot back.
+            self.active = False
+            dist.forget_held(self.key)
+            dist.release_now(self.keys, self.token)
+            return None
+        sent = _now()
+        try:
+            alive = dist.renew_script.run(self.keys, [self.token, dist.lease_ms])
+        except BackendError:
+            if sent >= self.confirmed_until:
+                self.active = False
+                permit._mark_lost("unreachable")
+                return None
+            # Try again sooner, but not after the lease would run out.
+            return min(sent + dist.renew_every / 2, self.confirmed_until)
+        if permit._released:  # released while the renewal was on the wire
+            return None
+        if not alive:
+            self.active = False
+            permit._mark_lost("expired")
+            return None
+        self.confirmed_until = sent + dist.lease
+        return sent + dist.renew_every
+
+
+class _Attempt:
+    """One caller's way to a lease: its token, its place among local waiters, its deadline."""
+
+    __slots__ = (
+        "deadline",
+        "in_flight",
+        "key",
+        "keys",
+        "max_wait",
+        "priority",
+        "queued",
+        "signal",
+        "signal_factory",
+        "token",
+    )
+
+    def __init__(
+        self,
+        key: Hashable,
+        keys: list[str],
+        priority: int,
+        max_wait: float,
+        signal_factory: Callable[[], Signal],
+    ) -> None:
+        self.key = key
+        self.keys = keys
+        self.priority = priority
+        self.max_wait = max_wait
+        self.signal_factory = signal_factory
+        self.token = _new_token()
+        self.deadline: float | None = None
+        # ThreadSignal for threads (sync wait), AsyncioSignal/TrioSignal for tasks.
+        self.signal: Any = None
+        self.queued = False
+        self.in_flight = False
+
+
+class _LocalQueue:
+    """This process's waiters for one Redis key: a heap with lazy deletion."""
+
+    __slots__ = ("heap", "live")
+
+    def __init__(self) -> None:
+        self.heap: list[tuple[int, int, _Attempt]] = []
+        self.live = 0
+
+    def head(self) -> _Attempt | None:
+        heap = self.heap
+        while heap and not heap[0][2].queued:
+            heapq.heappop(heap)
+        return heap[0][2] if heap else None
+
+
+class Distributed:
+    """The Redis side of a :class:`~resilience.Bulkhead` built with ``backend=``.
+
+    Used by the Bulkhead shells; not public. Example::
+
+        bulkhead = rs.Bulkhead(5, backend=RedisBackend.from_url(url), lease=30.0)
+        # bulkhead._remote is a Distributed
+    """
+
+    def __init__(
+        self,
+        owner: Bulkhead,
+        backend: Any,
+        *,
+        lease: float,
+        on_backend_error: str,
+        local_limit: int,
+        on_lease_lost: str,
+    ) -> None:
+        for attribute in ("script", "key", "sync_client"):
+            if not hasattr(backend, attribute):
+                raise ConfigurationError(
+                    "backend must be a resilience.backends.RedisBackend (or MemoryBackend), "
+                    f"got {backend!r}"
+                )
+        self.owner = owner
+        self.backend = backend
+        self.limit = owner.max_concurrent
+        self.lease = lease
+        self.lease_ms = max(1, round(lease * 1000))
+        self.renew_every = lease / 3
+        self.raise_lost = on_lease_lost == "raise"
+        self.failover = Failover(on_backend_error, owner=owner, clock=owner._clock)
+        self.twin: Bulkhead | None = None
+        if self.failover.mode == "local":
+            from ._bulkhead import Bulkhead
+
+            self.twin = Bulkhead(local_limit, clock=owner._clock, name=owner.name)
+            self.twin._listeners = owner._listeners  # its rejections are the owner's events
+        client = backend.sync_client  # renewals and notifications need the sync client
+        self.acquire_script = backend.script(ACQUIRE_LUA)
+        self.renew_script = backend.script(RENEW_LUA)
+        self.release_script = backend.script(RELEASE_LUA)
+        self.count_script = backend.script(COUNT_LUA)
+        self.channel = backend.key("bulkhead", owner.name) + ":released"
+        self.lock = threading.Lock()
+        self._queues: dict[str, _LocalQueue] = {}
+        self._held: dict[Hashable, int] = {}
+        self._seq = itertools.count()
+        #: Leases lost while held, since construction.
+        self.leases_lost = 0
+        self.notifier = Notifier(
+            client, self.channel, self._notified, self._wake_all_heads, self._has_waiters
+        )
+
+    # ------------------------------------------------------------------ keys and args
+
+    def keys_for(self, key: Hashable) -> list[str]:
+        """The Redis keys of ``key``: ``[leases, waiting-flag]`` (one hash tag)."""
+        name = self.owner.name
+        backend = self.backend
+        base = (
+            backend.key("bulkhead", name)
+            if key is None
+            else backend.key("bulkhead", name, _key_part(key))
+        )
+        return [base + ":leases", base + ":waiting"]
+
+    def acquire_args(self, token: str) -> list[str | int]:
+        """ARGV of the acquire script for ``token``."""
+        return [token, self.limit, self.lease_ms]
+
+    def release_args(self, permit: LeasePermit | str) -> list[str]:
+        """ARGV of the release script (token, channel, message)."""
+        if isinstance(permit, str):
+            return [permit, self.channel, ""]
+        return [permit.token, self.channel, permit.keys[0]]
+
+    # ------------------------------------------------------------------ acquiring
+
+    def acquire(self, key: Hashable, priority: int, max_wait: float) -> Permit:
+        """Take a lease of ``key``, blocking the thread up to ``max_wait`` (shell)."""
+        if not self.failover.use_backend():
+            self.failover.fallback(key)
+            return self._degraded(key, priority, max_wait)
+        attempt = _Attempt(key, self.keys_for(key), priority, max_wait, ThreadSignal)
+        try:
+            delay: Permit | float = self._join(attempt)
+            while True:
+                if delay:
+                    attempt.signal.wait(delay)
+                self._before_try(attempt)
+                try:
+                    reply = self.acquire_script.run(attempt.keys, self.acquire_args(attempt.token))
+                except BackendError as exc:
+                    return self._degraded(key, priority, self._backend_failed(attempt, exc))
+                delay = self._after_try(attempt, reply)
+                if isinstance(delay, Permit):
+                    return delay
+        finally:
+            self._finish(attempt)
+
+    async def acquire_async(self, key: Hashable, priority: int, max_wait: float) -> Permit:
+        """Take a lease of ``key``, suspending the task up to ``max_wait`` (shell)."""
+        if not self.failover.use_backend():
+            self.failover.fallback(key)
+            return await self._degraded_async(key, priority, max_wait)
+        attempt = _Attempt(key, self.keys_for(key), priority, max_wait, async_signal)
+        try:
+            delay: Permit | float = self._join(attempt)
+            while True:
+                if delay:
+                    await attempt.signal.wait(delay)
+                self._before_try(attempt)
+                try:
+                    reply = await self.acquire_script.run_async(
+                        attempt.keys, self.acquire_args(attempt.token)
+                    )
+                except BackendError as exc:
+                    wait = self._backend_failed(attempt, exc)
+                    return await self._degraded_async(key, priority, wait)
+                delay = self._after_try(attempt, reply)
+                if isinstance(delay, Permit):
+                    return delay
+        finally:
+            self._finish(attempt)
+
+    def call(
+        self,
+        fn: Callable[..., T],
+        key: Hashable,
+        priority: int,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> T:
+        """Run ``fn`` holding a lease of ``key`` (the Bulkhead.call shell)."""
+        permit = self.acquire(key, priority, self.owner.max_wait)
+        with permit:
+            return fn(*args, **kwargs)
+
+    async def call_async(
+        self,
+        fn: Callable[..., Awaitable[T]],
+        key: Hashable,
+        priority: int,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> T:
+        """Run ``await fn`` holding a lease of ``key`` (the Bulkhead.call_async shell)."""
+        permit = await self.acquire_async(key, priority, self.owner.max_wait)
+        async with permit:
+            return await fn(*args, **kwargs)
+
+    # The steps shared by both shells (they differ only by ``await``).
+
+    def _join(self, attempt: _Attempt) -> float:
+        """Seconds to wait before the first try: 0 unless local waiters are ahead.
+
+        A newcomer that may wait queues behind this process's waiters of the key
+        instead of overtaking them; it asks Redis when it is first in line.
+        """
+        if attempt.keys[0] not in self._queues:
+            return 0.0
+        budget = _deadline.clamp(attempt.max_wait)
+        if budget <= 0:
+            return 0.0  # may not wait: one try (it can only win a free slot)
+        attempt.deadline = _now() + budget
+        attempt.signal = attempt.signal_factory()
+        self._enqueue(attempt)
+        return 0.0 if self._is_head(attempt) else budget
+
+    def _before_try(self, attempt: _Attempt) -> None:
+        if attempt.signal is not None:
+            attempt.signal.clear()
+        attempt.in_flight = True
+
+    def _after_try(self, attempt: _Attempt, reply: Any) -> Permit | float:
+        """Turn a reply of the acquire script into a permit or a sleep (raises if full)."""
+        attempt.in_flight = False
+        self.failover.succeeded()
+        granted, count, wait_ms = int(reply[0]), int(reply[1]), int(reply[2])
+        if granted:
+            permit = self._grant(attempt)
+            if count < self.limit:
+                self._wake_next(attempt)  # another slot is free: let the next one try
+            return permit
+        now = _now()
+        if attempt.deadline is None:
+            budget = _deadline.clamp(attempt.max_wait)
+            if budget <= 0:
+                raise self._rejected(attempt.key)
+            attempt.deadline = now + budget
+            attempt.signal = attempt.signal_factory()
+            self._enqueue(attempt)
+        remaining = attempt.deadline - now
+        if remaining <= 0:
+            raise self._rejected(attempt.key)
+        if self._is_head(attempt):
+            return min(remaining, wait_ms / 1000.0)
+        return remaining
+
+    def _backend_failed(self, attempt: _Attempt, error: BackendError) -> float:
+        """Redis failed mid-attempt: clean up, switch mode; returns the wait left."""
+        attempt.in_flight = False
+        # The script may have run before the reply was lost: drop that lease, if any.
+        self.release_later(attempt.keys, attempt.token)
+        self.failover.failed(error, attempt.key)
+        if attempt.deadline is None:
+            return attempt.max_wait
+        return max(0.0, attempt.deadline - _now())
+
+    def _finish(self, attempt: _Attempt) -> None:
+        if attempt.queued:
+            self._dequeue(attempt, wake_next=True)
+        if attempt.in_flight:  # cancelled during the round trip: the lease may exist
+            attempt.in_flight = False
+            self.release_later(attempt.keys, attempt.token)
+
+    def _grant(self, attempt: _Attempt) -> LeasePermit:
+        if attempt.queued:
+            self._dequeue(attempt, wake_next=False)
+        permit = LeasePermit(self, attempt.key, attempt.keys, attempt.token)
+        job = _Renewal(self, permit, permit._t0 or _now())
+        permit._job = job
+        key = attempt.key
+        with self.lock:
+            self._held[key] = self._held.get(key, 0) + 1
+        KEEPER.schedule(_now() + self.renew_every, job)
+        return permit
+
+    def _degraded(self, key: Hashable, priority: int, max_wait: float) -> Permit:
+        mode = self.failover.mode
+        if mode == "closed":
+            self.failover.raise_closed()
+        if mode == "open" or self.twin is None:
+            return _OpenPermit(self.owner, key)
+        return self.twin.acquire(key, priority=priority, max_wait=max_wait)
+
+    async def _degraded_async(self, key: Hashable, priority: int, max_wait: float) -> Permit:
+        mode = self.failover.mode
+        if mode == "closed":
+            self.failover.raise_closed()
+        if mode == "open" or self.twin is None:
+            return _OpenPermit(self.owner, key)
+        return await self.twin.acquire_async(key, priority=priority, max_wait=max_wait)
+
+    def _rejected(self, key: Hashable) -> BulkheadFull:
+        return self.owner._rejected(key)
+
+    # ------------------------------------------------------------------ local waiters
+
+    def _enqueue(self, attempt: _Attempt) -> None:
+        with self.lock:
+            queue = self._queues.get(attempt.keys[0])
+            if queue is None:
+                queue = self._queues[attempt.keys[0]] = _LocalQueue()
+            heapq.heappush(queue.heap, (attempt.priority, next(self._seq), attempt))
+            queue.live += 1
+            attempt.queued = True
+        self.notifier.ensure_running()
+
+    def _dequeue(self, attempt: _Attempt, *, wake_next: bool) -> None:
+        with self.lock:
+            if not attempt.queued:
+                return
+            attempt.queued = False
+            name = attempt.keys[0]
+            queue = self._queues[name]
+            queue.live -= 1
+            if not queue.live:
+                del self._queues[name]
+                return
+            if len(queue.heap) > 2 * queue.live + 8:
+                queue.heap = [entry for entry in queue.heap if entry[2].queued]
+                heapq.heapify(queue.heap)
+            head = queue.head() if wake_next else None
+        if head is not None and head.signal is not None:
+            head.signal.set()
+
+    def _is_head(self, attempt: _Attempt) -> bool:
+        with self.lock:
+            queue = self._queues.get(attempt.keys[0])
+            return queue is not None and queue.head() is attempt
+
+    def _wake_next(self, attempt: _Attempt) -> None:
+        with self.lock:
+            queue = self._queues.get(attempt.keys[0])
+            head = None if queue is None else queue.head()
+        if head is not None and head.signal is not None:
+            head.signal.set()
+
+    def _notified(self, name: str) -> None:
+        """A release of the key whose leases set is ``name``: wake its first waiter."""
+        with self.lock:
+            queue = self._queues.get(name)
+            head = None if queue is None else queue.head()
+        if head is not None and head.signal is not None:
+            head.signal.set()
+
+    def _wake_all_heads(self) -> None:
+        with self.lock:
+            heads = [queue.head() for queue in self._queues.values()]
+        for head in heads:
+            if head is not None and head.signal is not None:
+                head.signal.set()
+
+    def _has_waiters(self) -> bool:
+        return bool(self._queues)
+
+    # ------------------------------------------------------------------ releasing
+
+    def begin_release(self, permit: LeasePermit) -> bool:
+        """Mark ``permit`` released (False if it already was) and stop its renewals."""
+        with self.lock:
+            if permit._released:
+                return False
+            permit._released = True
+            job = permit._job
+            if job is not None:
+                job.active = False
+        if job is not None:
+            KEEPER.cancelled()
+        return True
+
+    def end_release(self, permit: LeasePermit, removed: Any, *, quiet: bool) -> None:
+        """After the release script: account, report a loss, maybe raise LeaseLost."""
+        self.forget_held(permit.key)
+        if permit._t0 is not None:
+            self.owner._slots.record_hold(_now() - permit._t0)
+        if removed is not None and not int(removed) and not permit._lost:
+            with self.lock:
+                permit._lost = True
+                permit.reason = "expired"
+                permit._callbacks = []
+            self.lease_lost(permit, "expired")
+        if permit._lost and self.raise_lost and not quiet:
+            raise LeaseLost(
+                key=None if permit.key is None else str(permit.key), reason=permit.reason
+            )
+
+    def forget_held(self, key: Hashable) -> None:
+        """One lease of ``key`` held by this process is gone."""
+        with self.lock:
+            n = self._held.get(key, 0) - 1
+            if n > 0:
+                self._held[key] = n
+            else:
+                self._held.pop(key, None)
+
+    def release_now(self, keys: list[str], token: str) -> None:
+        """Release ``token``'s lease, if any, ignoring failures (it expires anyway)."""
+        try:
+            self.release_script.run(keys, self.release_args(token))
+        except BackendError:
+            pass
+
+    def release_later(self, keys: list[str], token: str) -> None:
+        """Release ``token``'s lease from the keeper thread (never blocks the caller)."""
+        KEEPER.soon(lambda: self.release_now(keys, token))
+
+    def lease_lost(self, permit: LeasePermit, reason: str) -> None:
+        """Count and report a lost lease."""
+        with self.lock:
+            self.leases_lost += 1
+        owner = self.owner
+        if owner._observed:
+            key = permit.key
+            owner._emit(
+                BulkheadLeaseLost(
+                    policy=owner.name, key=None if key is None else str(key), reason=reason
+                )
+            )
+
+    # ------------------------------------------------------------------ introspection
+
+    def statistics(self, key: Hashable) -> tuple[int | None, dict[str, Any], tuple[int, int, int]]:
+        """``(leases in Redis for key, backend counters, (held, waiting, keys) here)``."""
+        with self.lock:
+            if key is None:
+                held = sum(self._held.values())
+                waiting = sum(queue.live for queue in self._queues.values())
+                keys = len(self._held)
+            else:
+                held = self._held.get(key, 0)
+                queue = self._queues.get(self.keys_for(key)[0])
+                waiting = 0 if queue is None else queue.live
+                keys = 1 if held else 0
+        if self.twin is not None:
+            twin = self.twin.statistics(key)
+            held += twin.in_flight
+            waiting += twin.waiting
+            keys += twin.keys
+        shared: int | None = None
+        if key is not None or self.owner._key is None:
+            try:
+                shared = int(self.count_script.run([self.keys_for(key)[0]]))
+            except BackendError:
+                shared = None
+        backend: dict[str, Any] = dict(self.failover.statistics())
+        backend["leases_lost"] = self.leases_lost
+        backend["lease"] = self.lease
+        return shared, backend, (held, waiting, keys)
+
+    def close(self) -> None:
+        """Stop the notification listener (held leases keep being renewed until released)."""
+        self.notifier.close()

@@ -1,0 +1,387 @@
+"""The distributed Bulkhead on a real Redis: leases, renewals, notifications, failures.
+
+Two ``Bulkhead`` objects with the same name and separate backends stand for two
+processes (the multi-process test is in test_redis_chaos.py). Waits that depend on
+Redis time (lease expiry, renewals) use short leases and generous upper bounds.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import anyio
+import pytest
+
+import resilience as rs
+from resilience.backends import RedisBackend
+from resilience.testing import RedisServer
+
+pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
+
+
+@pytest.fixture
+def backends(redis_server: RedisServer) -> Iterator[Callable[..., RedisBackend]]:
+    """Build backends on the test's server; closed at the end."""
+    made: list[RedisBackend] = []
+
+    def make(**kwargs: object) -> RedisBackend:
+        options = {"timeout": 0.5, **kwargs}
+        backend = RedisBackend.from_url(redis_server.url, **options)  # type: ignore[arg-type]
+        made.append(backend)
+        return backend
+
+    yield make
+    for backend in made:
+        backend.close()
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
+    """Spin until another thread or process reached a state."""
+    end = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > end:
+            raise AssertionError("condition not reached within 5 s")
+        time.sleep(0.005)
+
+
+def test_limit_holds_across_instances_sharing_a_name(backends: Callable[..., RedisBackend]) -> None:
+    """Two bulkheads with one name (two processes) share max_concurrent per key."""
+    one = rs.Bulkhead(2, backend=backends(), name="dl")
+    two = rs.Bulkhead(2, backend=backends(), name="dl")
+    other = rs.Bulkhead(2, backend=backends(), name="other")
+    a = one.acquire_nowait("example.com")
+    b = two.acquire_nowait("example.com")
+    with pytest.raises(rs.BulkheadFull):
+        one.acquire_nowait("example.com")
+    with pytest.raises(rs.BulkheadFull):
+        two.acquire_nowait("example.com")
+    other.acquire_nowait("example.com").release()  # another name is another bulkhead
+    one.acquire_nowait("example.org").release()  # another key has its own slots
+    assert one.statistics("example.com").shared_in_flight == 2
+    assert one.statistics("example.com").in_flight == 1
+    a.release()
+    two.acquire_nowait("example.com").release()
+    b.release()
+    assert one.statistics("example.com").shared_in_flight == 0
+
+
+def test_one_evalsha_per_acquire_and_per_release(
+    redis_server: RedisServer, backends: Callable[..., RedisBackend]
+) -> None:
+    """An uncontended acquire + release costs exactly two EVALSHA round trips."""
+    bulkhead = rs.Bulkhead(3, backend=backends(), name="rt")
+    bulkhead.acquire_nowait("k").release()  # scripts loaded
+    redis_server.reset_stats()
+    for _ in range(10):
+        permit = bulkhead.acquire_nowait("k")
+        permit.release()
+    stats = redis_server.commandstats()
+    assert stats.get("evalsha") == 20  # (commands run inside scripts are counted apart)
+    assert "eval" not in stats
+    assert "publish" not in stats
+
+
+def test_acquire_is_idempotent_by_token(backends: Callable[..., RedisBackend]) -> None:
+    """Retrying an acquire with the same token (a lost reply) takes no second slot."""
+    bulkhead = rs.Bulkhead(2, backend=backends(), name="idem")
+    remote = bulkhead._remote
+    assert remote is not None
+    keys = remote.keys_for("k")
+    first = remote.acquire_script.run(keys, remote.acquire_args("token-1"))
+    again = remote.acquire_script.run(keys, remote.acquire_args("token-1"))
+    assert [int(first[0]), int(first[1])] == [1, 1]
+    assert [int(again[0]), int(again[1])] == [1, 1]
+    assert bulkhead.statistics("k").shared_in_flight == 1
+    assert int(remote.release_script.run(keys, remote.release_args("token-1"))) == 1
+
+
+def test_expired_lease_of_a_crashed_holder_is_reaped(
+    backends: Callable[..., RedisBackend],
+) -> None:
+    """A lease nobody renews expires; a waiter wakes at its expiry, not by polling."""
+    bulkhead = rs.Bulkhead(1, backend=backends(), name="reap", lease=0.3)
+    remote = bulkhead._remote
+    assert remote is not None
+    # A "crashed" holder: acquired, never renewed, never released.
+    assert int(remote.acquire_script.run(remote.keys_for("k"), remote.acquire_args("dead"))[0])
+    with pytest.raises(rs.BulkheadFull):
+        bulkhead.acquire_nowait("k")
+    started = time.monotonic()
+    permit = bulkhead.acquire("k", max_wait=5.0)
+    waited = time.monotonic() - started
+    permit.release()
+    assert waited < 2.0
+
+
+def test_release_notification_wakes_a_waiter_of_another_process(
+    backends: Callable[..., RedisBackend],
+) -> None:
+    """A waiter sleeps until the holder (elsewhere) releases, long before lease expiry."""
+    holder_side = rs.Bulkhead(1, backend=backends(), name="notify", lease=30.0)
+    waiter_side = rs.Bulkhead(1, backend=backends(), name="notify", lease=30.0)
+    held = holder_side.acquire("k")
+    got: list[float] = []
+
+    def wait() -> None:
+        with waiter_side.acquire("k", max_wait=20.0):
+            got.append(time.monotonic())
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    wait_until(lambda: waiter_side.statistics("k").waiting == 1)
+    wait_until(
+        lambda: waiter_side._remote is not None and waiter_side._remote.notifier.subscriptions > 0
+    )
+    released = time.monotonic()
+    held.release()
+    thread.join(10)
+    assert got
+    assert got[0] - released < 5.0
+
+
+def test_local_waiters_for_redis_are_served_by_priority(
+    backends: Callable[..., RedisBackend],
+) -> None:
+    """Waiters of one process go to Redis one at a time, by priority then arrival."""
+    bulkhead = rs.Bulkhead(1, backend=backends(), name="prio", max_wait=20.0)
+    held = bulkhead.acquire("k")
+    order: list[str] = []
+    threads = []
+    for name, priority in [("batch", 10), ("click", 0), ("batch2", 10)]:
+
+        def run(name: str = name, priority: int = priority) -> None:
+            with bulkhead.acquire("k", priority=priority):
+                order.append(name)
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        threads.append(thread)
+        count = len(threads)
+        wait_until(lambda count=count: bulkhead.statistics("k").waiting == count)
+    held.release()
+    for thread in threads:
+        thread.join(10)
+    assert order == ["click", "batch", "batch2"]
+    stats = bulkhead.statistics("k")
+    assert (stats.in_flight, stats.waiting, stats.shared_in_flight) == (0, 0, 0)
+
+
+def test_renewal_keeps_a_long_call_s_lease(backends: Callable[..., RedisBackend]) -> None:
+    """A holder running longer than its lease keeps the slot (renewed every lease/3)."""
+    bulkhead = rs.Bulkhead(1, backend=backends(), name="renew", lease=0.3)
+    other = rs.Bulkhead(1, backend=backends(), name="renew", lease=0.3)
+    permit = bulkhead.acquire("k")
+    time.sleep(0.9)  # three leases long: only renewals keep it
+    with pytest.raises(rs.BulkheadFull):
+        other.acquire_nowait("k")
+    assert not permit.lost
+    permit.release()
+    other.acquire_nowait("k").release()
+
+
+def test_lost_lease_is_reported_by_event_hook_and_exception(
+    redis_server: RedisServer, backends: Callable[..., RedisBackend]
+) -> None:
+    """If Redis drops the lease, the holder learns it: event, on_lost hook, LeaseLost."""
+    bulkhead = rs.Bulkhead(1, backend=backends(), name="lost", lease=0.3)
+    events: list[rs.Event] = []
+    bulkhead.add_listener(events.append)
+    permit = bulkhead.acquire("k")
+    hooked = threading.Event()
+    permit.on_lost(hooked.set)
+    redis_server.command("DEL", permit.keys[0])  # e.g. a failover lost it
+    assert hooked.wait(5.0)
+    assert permit.lost
+    assert [type(e) for e in events] == [rs.BulkheadLeaseLost]
+    assert events[0].reason == "expired"  # type: ignore[attr-defined]
+    with pytest.raises(rs.LeaseLost) as info:
+        permit.release()
+    assert info.value.key == "k"
+    permit.release()  # once only
+    assert bulkhead.statistics().backend["leases_lost"] == 1  # type: ignore[index]
+
+
+def test_lost_lease_at_release_without_renewal(
+    redis_server: RedisServer, backends: Callable[..., RedisBackend]
+) -> None:
+    """A lease gone by release time is reported there; on_lease_lost="event" only emits."""
+    bulkhead = rs.Bulkhead(1, backend=backends(), name="quiet", on_lease_lost="event")
+    events: list[rs.Event] = []
+    bulkhead.add_listener(events.append)
+    with bulkhead.acquire("k") as permit:
+        redis_server.command("DEL", permit.keys[0])
+    assert permit.lost
+    assert [type(e) for e in events] == [rs.BulkheadLeaseLost]
+
+
+def test_with_body_error_wins_over_lease_lost(
+    redis_server: RedisServer, backends: Callable[..., RedisBackend]
+) -> None:
+    """When the body raised, leaving the block re-raises that error, not LeaseLost."""
+    bulkhead = rs.Bulkhead(1, backend=backends(), name="body")
+    permit = bulkhead.acquire("k")
+
+    def body() -> None:
+        with permit:
+            redis_server.command("DEL", permit.keys[0])  # type: ignore[attr-defined]
+            raise KeyError("body")
+
+    with pytest.raises(KeyError):
+        body()
+    assert permit.lost
+
+
+def test_noscript_after_flush_is_transparent(
+    redis_server: RedisServer, backends: Callable[..., RedisBackend]
+) -> None:
+    """SCRIPT FLUSH (a restart, a failover) does not break acquire or release."""
+    bulkhead = rs.Bulkhead(1, backend=backends(), name="flush")
+    permit = bulkhead.acquire_nowait("k")
+    redis_server.flush_scripts()
+    permit.release()
+    redis_server.flush_scripts()
+    bulkhead.acquire_nowait("k").release()
+
+
+def test_with_bulkhead_and_decorator_on_redis(backends: Callable[..., RedisBackend]) -> None:
+    """``with bulkhead`` (nested) and the keyed decorator hold Redis leases."""
+    bulkhead = rs.Bulkhead(2, backend=backends(), name="ctx", key=lambda host: host)
+
+    @bulkhead
+    def fetch(host: str) -> int | None:
+        return bulkhead.statistics(host).shared_in_flight
+
+    assert fetch("a") == 1
+    with bulkhead, bulkhead:
+        assert bulkhead.statistics().in_flight == 2
+        with pytest.raises(rs.BulkheadFull):
+            bulkhead.acquire_nowait()
+    assert bulkhead.statistics().in_flight == 0
+    with pytest.raises(RuntimeError, match="without a matching"):
+        bulkhead.__exit__(None, None, None)
+
+
+def test_dropped_permit_is_released_by_the_keeper(
+    backends: Callable[..., RedisBackend],
+) -> None:
+    """A permit garbage-collected without release() gives its lease back."""
+    bulkhead = rs.Bulkhead(1, backend=backends(), name="gc", lease=0.3)
+    permit = bulkhead.acquire("k")
+    del permit
+    gc.collect()
+    permit = bulkhead.acquire("k", max_wait=5.0)  # freed at the next renewal tick
+    permit.release()
+    assert bulkhead.statistics("k").in_flight == 0
+
+
+@pytest.mark.anyio
+async def test_async_acquire_wait_and_release(backends: Callable[..., RedisBackend]) -> None:
+    """Tasks (asyncio and trio) acquire, wait for and release leases."""
+    bulkhead = rs.Bulkhead(1, backend=backends(), name="async", max_wait=10.0)
+    order: list[str] = []
+
+    async def worker(name: str) -> None:
+        async with bulkhead:
+            order.append(name)
+            await anyio.sleep(0.01)
+
+    with anyio.fail_after(20):
+        async with anyio.create_task_group() as tg:
+            for name in ("a", "b", "c"):
+                tg.start_soon(worker, name)
+    assert sorted(order) == ["a", "b", "c"]
+    permit = await bulkhead.acquire_async("k")
+    await permit.release_async()
+    stats = bulkhead.statistics()
+    assert (stats.in_flight, stats.waiting, stats.shared_in_flight) == (0, 0, 0)
+
+
+@pytest.mark.anyio
+async def test_cancelled_redis_waiter_leaves_nothing(
+    backends: Callable[..., RedisBackend],
+) -> None:
+    """Cancelling a task that waits for a lease removes it; no lease is left in Redis."""
+    bulkhead = rs.Bulkhead(1, backend=backends(), name="cancel", max_wait=math.inf)
+    held = await bulkhead.acquire_async("k")
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(bulkhead.acquire_async, "k")
+        with anyio.fail_after(5):
+            while bulkhead.statistics("k").waiting == 0:
+                await anyio.sleep(0.005)
+        tg.cancel_scope.cancel()
+    assert bulkhead.statistics("k").waiting == 0
+    await held.release_async()
+    with anyio.fail_after(5):
+        while bulkhead.statistics("k").shared_in_flight:
+            await anyio.sleep(0.01)  # a cancelled round trip is released by the keeper
+
+
+# ---------------------------------------------------------------------- failure modes
+
+
+def test_local_mode_uses_an_in_process_twin_while_redis_is_down(
+    redis_server: RedisServer, backends: Callable[..., RedisBackend]
+) -> None:
+    """on_backend_error="local": local_limit slots per key, events, then back to Redis."""
+    bulkhead = rs.Bulkhead(4, backend=backends(timeout=0.05), name="local", local_limit=1)
+    events: list[rs.Event] = []
+    bulkhead.add_listener(events.append)
+    redis_server.kill()
+    started = time.monotonic()
+    permit = bulkhead.acquire_nowait("k")  # the twin
+    with pytest.raises(rs.BulkheadFull):
+        bulkhead.acquire_nowait("k")  # local_limit=1
+    permit.release()
+    assert time.monotonic() - started < 1.0
+    assert any(isinstance(e, rs.BackendFallback) and e.mode == "local" for e in events)
+    redis_server.start()
+    deadline = time.monotonic() + 5
+    while bulkhead.statistics().backend["backend_healthy"] is not True:  # type: ignore[index]
+        assert time.monotonic() < deadline, "did not return to Redis"
+        bulkhead.acquire_nowait("k").release()
+        time.sleep(0.05)
+    assert any(isinstance(e, rs.BackendRecovered) for e in events)
+    permit = bulkhead.acquire_nowait("k")
+    assert bulkhead.statistics("k").shared_in_flight == 1  # on Redis again
+    permit.release()
+
+
+def test_open_and_closed_modes(
+    redis_server: RedisServer, backends: Callable[..., RedisBackend]
+) -> None:
+    """ "open" admits without a slot; "closed" raises BackendError."""
+    open_ = rs.Bulkhead(1, backend=backends(timeout=0.05), name="o", on_backend_error="open")
+    closed = rs.Bulkhead(1, backend=backends(timeout=0.05), name="c", on_backend_error="closed")
+    redis_server.kill()
+    permits = [open_.acquire_nowait("k") for _ in range(3)]  # no limit while Redis is down
+    for permit in permits:
+        permit.release()
+    with pytest.raises(rs.BackendError):
+        closed.acquire_nowait("k")
+    with pytest.raises(rs.BackendError):
+        closed.acquire_nowait("k")  # degraded at once, without waiting on Redis again
+
+
+def test_paused_redis_costs_at_most_the_backend_timeout(
+    redis_server: RedisServer, backends: Callable[..., RedisBackend]
+) -> None:
+    """A paused (SIGSTOPped) Redis adds at most the timeout, once per probe interval."""
+    bulkhead = rs.Bulkhead(2, backend=backends(timeout=0.05), name="pause")
+    bulkhead.acquire_nowait("k").release()
+    redis_server.pause()
+    try:
+        started = time.monotonic()
+        for _ in range(20):
+            bulkhead.acquire_nowait("k").release()
+        assert time.monotonic() - started < 2.0
+    finally:
+        redis_server.resume()
+    deadline = time.monotonic() + 5
+    while bulkhead.statistics().backend["backend_healthy"] is not True:  # type: ignore[index]
+        assert time.monotonic() < deadline, "did not return to Redis"
+        bulkhead.acquire_nowait("k").release()
+        time.sleep(0.05)
