@@ -1,0 +1,673 @@
+"""Redis as shared state: one backend object, one generic script seam.
+
+Every distributed decision of every policy (take tokens, lease a bulkhead slot,
+record a breaker outcome) is **one** Lua script run with ``EVALSHA``: one round trip,
+atomic, with time read from Redis ``TIME`` inside the script. This module gives the
+policies what they need for that and nothing more:
+
+* :class:`RedisBackend`: the clients (sync, async per event loop, trio through a
+  worker thread), the timeout, the key prefix, :meth:`RedisBackend.key` (Redis Cluster
+  hash tags, hashed user keys) and :meth:`RedisBackend.script`.
+* :class:`RedisScript`: ``run(keys, args)`` / ``await run_async(keys, args)``:
+  ``EVALSHA`` with transparent ``NOSCRIPT`` reload, bounded by the backend timeout,
+  every failure raised as :class:`~resilience.BackendError` (original as ``__cause__``).
+
+redis-py is imported lazily: ``import resilience`` works without it, and using a
+Redis backend without it raises ``ImportError`` naming the extra to install.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import hashlib
+import os
+import threading
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+from .._validate import check_number
+from ..errors import BackendError, ConfigurationError
+
+__all__ = ["PreparedCall", "RedisBackend", "RedisScript", "require_redis"]
+
+#: What a key part or script argument may be.
+Part = str | bytes | int | float
+
+_MAX_RAW_PART = 64
+_SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.:/@=+,")
+
+
+def require_redis() -> Any:
+    """Import and return :mod:`redis`, or raise ``ImportError`` naming the extra."""
+    try:
+        import redis
+    except ImportError as exc:  # pragma: no cover - exercised only without the extra
+        raise ImportError(
+            "the Redis backend needs redis-py: pip install 'resilience[redis]'"
+        ) from exc
+    return redis
+
+
+def _safe_part(part: Part) -> str:
+    """A key part as it appears in a Redis key: short safe text raw, anything else hashed."""
+    if isinstance(part, int | float) and not isinstance(part, bool):
+        return repr(part)
+    if isinstance(part, str) and len(part) <= _MAX_RAW_PART and _SAFE.issuperset(part):
+        return part
+    data = part.encode("utf-8", "surrogatepass") if isinstance(part, str) else bytes(part)
+    return "#" + hashlib.blake2b(data, digest_size=12).hexdigest()
+
+
+def _redis_errors() -> tuple[type[BaseException], ...]:
+    redis = require_redis()
+    return (redis.RedisError, OSError, asyncio.TimeoutError)
+
+
+def _encode(value: Part) -> bytes:
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode("utf-8", "surrogatepass")
+    if isinstance(value, int) and not isinstance(value, bool):
+        return b"%d" % value
+    if isinstance(value, float):
+        return repr(value).encode()
+    raise TypeError(f"Redis script keys and arguments are str, bytes, int or float: {value!r}")
+
+
+def _pack(parts: Sequence[bytes]) -> bytes:
+    """One RESP command (an array of bulk strings), as redis-py would send it."""
+    out = [b"*%d\r\n" % len(parts)]
+    for part in parts:
+        out.append(b"$%d\r\n%s\r\n" % (len(part), part))
+    return b"".join(out)
+
+
+class PreparedCall:
+    """One run of a :class:`RedisScript` with fixed keys and arguments, packed once.
+
+    Build it with :meth:`RedisScript.prepare` and run it as often as needed with
+    :meth:`RedisScript.run_prepared`: hot paths (a limiter's default decision for a
+    key) skip argument encoding entirely.
+
+    Example::
+
+        call = script.prepare([backend.key("k")], [1, 0])
+        script.run_prepared(call)
+    """
+
+    __slots__ = ("args", "evalsha", "keys")
+
+    def __init__(self, sha: bytes, keys: Sequence[Part], args: Sequence[Part]) -> None:
+        self.keys = tuple(keys)
+        self.args = tuple(args)
+        encoded = [_encode(part) for part in (*self.keys, *self.args)]
+        #: The packed ``EVALSHA sha numkeys keys... args...`` command.
+        self.evalsha = _pack([b"EVALSHA", sha, b"%d" % len(self.keys), *encoded])
+
+    def eval(self, lua: bytes) -> bytes:
+        """The packed ``EVAL`` command (sent once after ``NOSCRIPT``)."""
+        encoded = [_encode(part) for part in (*self.keys, *self.args)]
+        return _pack([b"EVAL", lua, b"%d" % len(self.keys), *encoded])
+
+
+class RedisScript:
+    """A Lua script bound to a :class:`RedisBackend`; run it with :meth:`run`/:meth:`run_async`.
+
+    Made by :meth:`RedisBackend.script` (usually once, at policy construction). Each run
+    is one ``EVALSHA`` round trip; when Redis does not know the script (``NOSCRIPT``
+    after a restart, a failover or ``SCRIPT FLUSH``) it is sent again with ``EVAL``
+    transparently. Every failure (connection refused, reset, a paused server hitting
+    the backend timeout, a Lua error) is raised as :class:`~resilience.BackendError`
+    with the original exception as ``__cause__``. Keys and arguments may be ``str``,
+    ``bytes``, ``int`` or ``float``; replies are redis-py's (bytes for strings).
+
+    Example::
+
+        incr = backend.script("return redis.call('INCRBY', KEYS[1], ARGV[1])")
+        assert incr.run([backend.key("counter")], [5]) == 5
+        assert await incr.run_async([backend.key("counter")], [1]) == 6
+    """
+
+    __slots__ = ("_backend", "_lua_bytes", "_sha_bytes", "lua", "sha")
+
+    def __init__(self, backend: RedisBackend, lua: str) -> None:
+        if not isinstance(lua, str) or not lua.strip():
+            raise ConfigurationError(f"lua must be a non-empty string, got {lua!r}")
+        self._backend = backend
+        self.lua = lua
+        self._lua_bytes = lua.encode()
+        #: The SHA1 that ``EVALSHA`` uses.
+        self.sha = hashlib.sha1(self._lua_bytes).hexdigest()
+        self._sha_bytes = self.sha.encode()
+
+    def prepare(self, keys: Sequence[Part], args: Sequence[Part] = ()) -> PreparedCall:
+        """Pack a run once, for :meth:`run_prepared` / :meth:`run_prepared_async`.
+
+        Example: ``call = script.prepare([key], [1, 0])``
+        """
+        return PreparedCall(self._sha_bytes, keys, args)
+
+    def run(self, keys: Sequence[Part], args: Sequence[Part] = ()) -> Any:
+        """Run the script synchronously (bounded by the backend timeout).
+
+        Raises :class:`~resilience.BackendError` on any Redis or network failure.
+
+        Example: ``allowed, remaining = script.run([key], [10, 1])``
+        """
+        return self._backend._run_sync(self, PreparedCall(self._sha_bytes, keys, args))
+
+    async def run_async(self, keys: Sequence[Part], args: Sequence[Part] = ()) -> Any:
+        """Run the script from asyncio or trio (bounded by the backend timeout).
+
+        On asyncio it uses the backend's ``redis.asyncio`` client for the running loop;
+        on trio it runs the sync client in a worker thread. Raises
+        :class:`~resilience.BackendError` on any failure, and never waits longer than
+        the backend timeout for a paused or unreachable server.
+
+        Example: ``allowed, remaining = await script.run_async([key], [10, 1])``
+        """
+        return await self._backend._run_async(self, PreparedCall(self._sha_bytes, keys, args))
+
+    def run_prepared(self, call: PreparedCall) -> Any:
+        """Like :meth:`run`, for a call packed by :meth:`prepare`.
+
+        Example: ``script.run_prepared(call)``
+        """
+        return self._backend._run_sync(self, call)
+
+    async def run_prepared_async(self, call: PreparedCall) -> Any:
+        """Like :meth:`run_async`, for a call packed by :meth:`prepare`.
+
+        Example: ``await script.run_prepared_async(call)``
+        """
+        return await self._backend._run_async(self, call)
+
+    def __repr__(self) -> str:
+        return f"<RedisScript {self.sha[:10]}>"
+
+
+class RedisBackend:
+    """Shared state on Redis (standalone, Sentinel-managed or Cluster) for every policy.
+
+    Build it from a URL, or from redis-py clients you already have::
+
+        backend = RedisBackend.from_url("redis://localhost:6379/0", prefix="myapp")
+        backend = RedisBackend(sync_client=redis.Redis(...), async_client=redis.asyncio.Redis(...))
+        backend = RedisBackend.from_url("redis://node1:7000", cluster=True)   # Redis Cluster
+
+    ``timeout`` (seconds, default 50 ms) bounds every script run, so a dead or paused
+    Redis never adds more than ``timeout`` to a call. Script runs on a plain
+    ``redis.Redis`` / ``redis.asyncio.Redis`` (built here or passed in) use the backend's
+    own connections, made with the client's options but with ``timeout`` as socket
+    timeout and no redis-py retries; async runs are cut at ``timeout`` as a whole. Other
+    clients (Redis Cluster, Sentinel, client-side caching) are used as they are: the
+    ones :meth:`from_url` builds get ``timeout`` as socket timeout; give yours the same.
+
+    The async side: with ``async_client=`` that client is used; otherwise, when the
+    backend was built from a URL, one ``redis.asyncio`` client is made per running
+    asyncio event loop (they cannot be shared between loops). On trio, or when no
+    async client is available, async runs use the sync client in a worker thread.
+
+    Policies use two methods: :meth:`key` and :meth:`script`. Pass one backend to many
+    policies; it is thread-safe and cheap to share.
+
+    Example::
+
+        redis_backend = rs.backends.RedisBackend.from_url("redis://localhost:6379/0")
+        limiter = rs.RateLimiter("100/s", key=lambda user, *_: user, backend=redis_backend)
+    """
+
+    def __init__(
+        self,
+        sync_client: Any = None,
+        async_client: Any = None,
+        *,
+        prefix: str = "rs",
+        timeout: float = 0.05,
+        url: str | None = None,
+        cluster: bool = False,
+    ) -> None:
+        require_redis()
+        if not isinstance(prefix, str) or not prefix or "{" in prefix or "}" in prefix:
+            raise ConfigurationError(
+                f"prefix must be a non-empty string without braces: {prefix!r}"
+            )
+        self.prefix = prefix
+        self.timeout: float = check_number("timeout", timeout, minimum=0.0, strict=True)
+        self.cluster = bool(cluster)
+        self._url = url
+        self._sync_client = sync_client
+        self._async_client = async_client
+        self._loop_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._lock = threading.Lock()
+        self._errors = _redis_errors()
+        redis = require_redis()
+        self._noscript: type[BaseException] = redis.exceptions.NoScriptError
+        self._response_error: type[BaseException] = redis.ResponseError
+        self._lanes: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+        # (loop, lane) of the last async run: one identity check on the hot path. It keeps
+        # at most one finished loop (and its client) alive until another loop runs a script.
+        self._last_lane: tuple[Any, Any] = (None, None)
+        self._sync_lane = _SyncLane.for_client(sync_client, self.timeout)
+
+    # ----------------------------------------------------------------- construction
+
+    @classmethod
+    def from_url(
+        cls,
+        url: str,
+        *,
+        prefix: str = "rs",
+        timeout: float = 0.05,
+        cluster: bool = False,
+        **client_options: Any,
+    ) -> RedisBackend:
+        """A backend whose clients are built from ``url`` with ``timeout`` as socket timeout.
+
+        ``cluster=True`` builds ``redis.cluster.RedisCluster`` clients (the URL names any
+        node). Extra keyword arguments go to the redis-py client constructor.
+
+        Example::
+
+            backend = RedisBackend.from_url("redis://localhost:6379/0", prefix="api", timeout=0.1)
+        """
+        timeout = check_number("timeout", timeout, minimum=0.0, strict=True)
+        backend = cls(prefix=prefix, timeout=timeout, url=url, cluster=cluster)
+        backend._client_options = client_options
+        backend._sync_client = backend._make_client(asynchronous=False)
+        backend._sync_lane = _SyncLane.for_client(backend._sync_client, backend.timeout)
+        return backend
+
+    _client_options: dict[str, Any] = {}  # noqa: RUF012 - replaced per instance
+
+    def _make_client(self, *, asynchronous: bool) -> Any:
+        assert self._url is not None
+        redis = require_redis()
+        # Sync sockets get the timeout once (settimeout, free per call). Async clients
+        # get none for reads and writes: redis.asyncio would then wrap every write in
+        # asyncio.wait_for (a task per command); script runs are bounded as a whole by
+        # one asyncio.timeout instead.
+        options: dict[str, Any] = {
+            "socket_timeout": None if asynchronous else self.timeout,
+            "socket_connect_timeout": self.timeout,
+        }
+        if self.cluster:
+            if asynchronous:
+                from redis.asyncio.cluster import RedisCluster as AsyncCluster
+
+                options.update(self._client_options)
+                return AsyncCluster.from_url(self._url, **options)
+            from redis.cluster import RedisCluster
+
+            options.update(self._client_options)
+            return RedisCluster.from_url(self._url, **options)
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+
+        options["retry"] = Retry(NoBackoff(), 0)
+        options.update(self._client_options)
+        if asynchronous:
+            from redis.asyncio.retry import Retry as AsyncRetry
+
+            options["retry"] = self._client_options.get("retry", AsyncRetry(NoBackoff(), 0))
+            return redis.asyncio.Redis.from_url(self._url, **options)
+        return redis.Redis.from_url(self._url, **options)
+
+    # ----------------------------------------------------------------- public seam
+
+    @property
+    def sync_client(self) -> Any:
+        """The redis-py sync client (``redis.Redis`` or ``redis.cluster.RedisCluster``).
+
+        Example: ``backend.sync_client.ping()``
+        """
+        if self._sync_client is None:
+            raise ConfigurationError(
+                "this RedisBackend has no sync client: pass sync_client= or use from_url()"
+            )
+        return self._sync_client
+
+    def async_client(self) -> Any:
+        """The ``redis.asyncio`` client for the running asyncio loop, or ``None``.
+
+        ``None`` means async runs go through the sync client in a worker thread (trio,
+        or a backend given only a sync client). A client made from the URL is cached per
+        event loop, because redis.asyncio clients are bound to the loop that first used them.
+        It has a connect timeout but no read timeout (so that blocking reads such as
+        pub/sub work): bound your own awaits, e.g. with ``asyncio.timeout(backend.timeout)``;
+        script runs are bounded already.
+
+        Example::
+
+            client = backend.async_client()
+            if client is not None:
+                await client.ping()
+        """
+        if self._async_client is not None:
+            return self._async_client
+        if self._url is None:
+            return None
+        loop = asyncio._get_running_loop()
+        if loop is None:
+            return None
+        client = self._loop_clients.get(loop)
+        if client is None:
+            with self._lock:
+                client = self._loop_clients.get(loop)
+                if client is None:
+                    client = self._make_client(asynchronous=True)
+                    self._loop_clients[loop] = client
+        return client
+
+    def key(self, *parts: Part) -> str:
+        """A Redis key ``"{prefix}:{<parts>}"`` whose hash tag covers all ``parts``.
+
+        Short parts made of safe characters appear as they are; long, binary or unusual
+        parts (user input) are hashed (``#`` + 24 hex digits), so user keys are never
+        pasted raw into Redis keys. Keys built from the same parts share one hash tag,
+        so a script may append suffixes for sibling keys of the same decision and still
+        run on one Redis Cluster slot.
+
+        Example::
+
+            base = backend.key("bulkhead", "downloads", "example.com")
+            # 'rs:{bulkhead:downloads:example.com}'
+            leases, queue = base + ":leases", base + ":queue"   # same slot
+        """
+        if not parts:
+            raise ConfigurationError("key() needs at least one part")
+        return f"{self.prefix}:{{{':'.join(map(_safe_part, parts))}}}"
+
+    def script(self, lua: str) -> RedisScript:
+        """Wrap Lua source as a :class:`RedisScript` (one ``EVALSHA`` per run).
+
+        Example::
+
+            take = backend.script(open("take.lua").read())
+            result = take.run([backend.key("k")], [1])
+        """
+        return RedisScript(self, lua)
+
+    def close(self) -> None:
+        """Close the sync client's connections (clients you passed in are left open).
+
+        Example: ``backend.close()``
+        """
+        if self._sync_lane is not None:
+            self._sync_lane.close()
+        if self._url is not None and self._sync_client is not None:
+            self._sync_client.close()
+
+    async def aclose(self) -> None:
+        """Close the async client of the running loop, if this backend made it.
+
+        Example: ``await backend.aclose()``
+        """
+        loop = asyncio._get_running_loop()
+        if self._url is not None and loop is not None:
+            client = self._loop_clients.pop(loop, None)
+            self._last_lane = (None, None)
+            if client is not None:
+                lane = self._lanes.pop(client, None)
+                if isinstance(lane, _Lane):
+                    await lane.close()
+                await client.aclose()
+
+    def __repr__(self) -> str:
+        where = self._url or "clients"
+        return f"<RedisBackend {where} prefix={self.prefix!r} timeout={self.timeout:g}>"
+
+    # ----------------------------------------------------------------- running scripts
+
+    def _run_sync(self, script: RedisScript, call: PreparedCall) -> Any:
+        try:
+            lane = self._sync_lane
+            if lane is not None:
+                return lane.run(script, call)
+            client = self.sync_client
+            try:
+                return client.evalsha(script.sha, len(call.keys), *call.keys, *call.args)
+            except self._noscript:
+                return client.eval(script.lua, len(call.keys), *call.keys, *call.args)
+        except self._errors as exc:
+            raise BackendError(f"redis script failed: {exc!r}") from exc
+
+    async def _run_async(self, script: RedisScript, call: PreparedCall) -> Any:
+        lane = self._async_lane()
+        try:
+            if lane is None:
+                return await self._run_in_thread(script, call)
+            if isinstance(lane, _Lane):
+                async with asyncio.timeout(self.timeout):
+                    return await lane.run(script, call)
+            async with asyncio.timeout(self.timeout):
+                try:
+                    return await lane.evalsha(script.sha, len(call.keys), *call.keys, *call.args)
+                except self._noscript:
+                    return await lane.eval(script.lua, len(call.keys), *call.keys, *call.args)
+        except self._errors as exc:
+            raise BackendError(f"redis script failed: {exc!r}") from exc
+
+    def _async_lane(self) -> Any:
+        """How async runs reach Redis on this loop: a lean lane, a client, or None (thread)."""
+        loop = asyncio._get_running_loop()
+        cached_loop, cached_lane = self._last_lane
+        if loop is cached_loop and loop is not None:
+            return cached_lane
+        client = self.async_client()
+        if client is None:
+            return None
+        lane = self._lanes.get(client)
+        if lane is None:
+            lane = _Lane.for_client(client, self.timeout) or _NO_LANE
+            self._lanes[client] = lane
+        lane = client if lane is _NO_LANE else lane
+        self._last_lane = (loop, lane)
+        return lane
+
+    async def _run_in_thread(self, script: RedisScript, call: PreparedCall) -> Any:
+        import anyio
+        import anyio.to_thread
+
+        # The socket timeouts (= the backend timeout) bound every operation of the thread;
+        # this scope is a safety net for clients built without one (the thread is then
+        # abandoned). It leaves room for a fresh connection's handshake on a busy host.
+        with anyio.fail_after(2 * self.timeout + 0.05):
+            return await anyio.to_thread.run_sync(
+                self._run_sync, script, call, abandon_on_cancel=True
+            )
+
+
+_NO_LANE = object()
+
+
+class _SyncLane:
+    """Connections of one plain ``redis.Redis`` client, used directly (thread-safe).
+
+    redis-py's pool takes a lock, records metrics and polls the socket on every
+    checkout and release. A lane keeps its own stack of idle connections, made by the
+    client's pool (same class, options and socket timeout), and sends pre-packed
+    commands on them: ``list.pop``/``append`` are atomic, so threads share it without a
+    lock. A reused connection that the server closed (restart, idle timeout) is
+    reconnected once; a connection that fails any other way is disconnected and
+    dropped, never reused. After ``fork()`` the child starts with no connections.
+    """
+
+    __slots__ = ("_idle", "_make", "_pid", "_reconnect_errors", "_response_error")
+
+    def __init__(self, pool: Any, timeout: float) -> None:
+        redis = require_redis()
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+
+        # The client's connection class and options, with the backend's bound: socket
+        # timeouts = the backend timeout, no retries (whatever the client was built with).
+        options = {
+            **pool.connection_kwargs,
+            "socket_timeout": timeout,
+            "socket_connect_timeout": timeout,
+            "retry": Retry(NoBackoff(), 0),
+        }
+        self._make = functools.partial(pool.connection_class, **options)
+        self._idle: list[Any] = []
+        self._pid = os.getpid()
+        self._reconnect_errors = (redis.ConnectionError, ConnectionError)
+        self._response_error = redis.ResponseError
+
+    @classmethod
+    def for_client(cls, client: Any, timeout: float) -> _SyncLane | None:
+        """A lane for a plain client with a plain pool; ``None`` for anything else."""
+        if client is None:
+            return None
+        redis = require_redis()
+        if (
+            type(client) is not redis.Redis
+            or getattr(client, "connection", None) is not None
+            or type(client.connection_pool) is not redis.ConnectionPool
+            or getattr(client.connection_pool, "cache", None) is not None
+        ):
+            return None
+        return cls(client.connection_pool, timeout)
+
+    def run(self, script: RedisScript, call: PreparedCall) -> Any:
+        """One script run on an idle (or new) connection."""
+        if self._pid != os.getpid():  # forked: the parent's sockets are not ours
+            self._idle, self._pid = [], os.getpid()
+        idle = self._idle
+        try:
+            conn = idle.pop()
+            reused = True
+        except IndexError:
+            conn = self._make()
+            reused = False
+        healthy = False
+        try:
+            try:
+                reply = self._evalsha(conn, script, call)
+            except self._reconnect_errors:
+                if not reused:
+                    raise
+                conn.disconnect()
+                reply = self._evalsha(conn, script, call)
+            healthy = True
+            return reply
+        except self._response_error:
+            healthy = True  # a Lua error: the connection is fine
+            raise
+        finally:
+            if healthy:
+                idle.append(conn)
+            else:
+                conn.disconnect()  # never wait on a broken connection again
+
+    @staticmethod
+    def _evalsha(conn: Any, script: RedisScript, call: PreparedCall) -> Any:
+        conn.send_packed_command((call.evalsha,), check_health=False)
+        try:
+            return conn.read_response()
+        except script._backend._noscript:
+            conn.send_packed_command((call.eval(script._lua_bytes),), check_health=False)
+            return conn.read_response()
+
+    def close(self) -> None:
+        """Disconnect the idle connections."""
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.disconnect()
+
+
+class _Lane:
+    """Pooled connections of one plain ``redis.asyncio.Redis`` client, used directly.
+
+    The asyncio twin of :class:`_SyncLane` (one per client, so per event loop): redis-py's
+    async pool takes a lock and dispatches events on every checkout. A connection that
+    fails or is cancelled mid-command is disconnected and dropped, never reused.
+    """
+
+    __slots__ = ("_idle", "_make", "_reconnect_errors", "_response_error")
+
+    def __init__(self, pool: Any, timeout: float) -> None:
+        redis = require_redis()
+        from redis.asyncio.retry import Retry
+        from redis.backoff import NoBackoff
+
+        # No read/write timeout (redis.asyncio would add a task per write): the caller
+        # bounds the whole run with one asyncio.timeout. Connects are bounded, no retries.
+        options = {
+            **pool.connection_kwargs,
+            "socket_timeout": None,
+            "socket_connect_timeout": timeout,
+            "retry": Retry(NoBackoff(), 0),
+        }
+        self._make = functools.partial(pool.connection_class, **options)
+        self._idle: list[Any] = []
+        self._reconnect_errors = (redis.ConnectionError, ConnectionError)
+        self._response_error = redis.ResponseError
+
+    @classmethod
+    def for_client(cls, client: Any, timeout: float) -> _Lane | None:
+        """A lane for a plain asyncio client with a plain pool; ``None`` otherwise."""
+        redis = require_redis()
+        if (
+            type(client) is not redis.asyncio.Redis
+            or client.connection is not None
+            or type(client.connection_pool) is not redis.asyncio.ConnectionPool
+        ):
+            return None
+        return cls(client.connection_pool, timeout)
+
+    async def run(self, script: RedisScript, call: PreparedCall) -> Any:
+        """One script run on an idle (or new) connection."""
+        idle = self._idle
+        reused = bool(idle)
+        conn = idle.pop() if reused else self._make()
+        healthy = False
+        try:
+            try:
+                reply = await self._evalsha(conn, script, call)
+            except self._reconnect_errors:
+                if not reused:
+                    raise
+                # The server closed an idle connection (restart, idle timeout): the
+                # command never ran there. Reconnect once, like redis-py does.
+                await conn.disconnect()
+                reply = await self._evalsha(conn, script, call)
+            healthy = True
+            return reply
+        except self._response_error:
+            healthy = True  # a Lua error: the connection is fine
+            raise
+        finally:
+            if healthy:
+                idle.append(conn)
+            else:
+                await _drop(conn)
+
+    @staticmethod
+    async def _evalsha(conn: Any, script: RedisScript, call: PreparedCall) -> Any:
+        if not conn.is_connected:
+            await conn.connect()
+        await conn.send_packed_command((call.evalsha,), check_health=False)
+        try:
+            return await conn.read_response()
+        except script._backend._noscript:
+            await conn.send_packed_command((call.eval(script._lua_bytes),), check_health=False)
+            return await conn.read_response()
+
+    async def close(self) -> None:
+        """Disconnect the idle connections."""
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            await _drop(conn)
+
+
+async def _drop(conn: Any) -> None:
+    try:
+        await conn.disconnect(nowait=True)
+    except Exception:  # best effort on a connection we abandon
+        pass

@@ -1,0 +1,521 @@
+"""The :class:`RateLimiter` policy: a thin shell around bucket stores.
+
+The decision logic lives in the pure GCRA core (:mod:`._gcra`) and in the stores
+(memory, Redis, limits windows); this shell resolves keys, waits for reservations
+(clamped by the ambient deadline), raises :class:`~resilience.RateLimited`, counts and
+emits events. The sync and async shells differ only by ``await``.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import math
+from collections.abc import Awaitable, Callable, Hashable
+from typing import Any, Final, ParamSpec, TypeVar, cast
+
+from .._clock import SYSTEM_CLOCK, Clock
+from .._deadline import clamp
+from .._events import CallRejected
+from .._policy import PolicyBase, decorate
+from .._validate import check_callable, check_choice, check_int, check_number
+from ..backends._failover import MODES, Failover
+from ..backends._memory import MemoryBackend
+from ..errors import ConfigurationError, RateLimited
+from ._failover import FailoverBuckets
+from ._gcra import GCRA, Decision
+from ._rate import Rate, as_rate
+
+__all__ = ["ALGORITHMS", "RateLimiter"]
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+#: The accepted values of ``algorithm=``.
+ALGORITHMS: Final[tuple[str, ...]] = (
+    "token-bucket",
+    "fixed-window",
+    "moving-window",
+    "sliding-window",
+)
+
+_MAX_WAIT_LIMIT = 86_400.0 * 365
+
+
+def _wait_us(seconds: float) -> int:
+    return round(seconds * 1_000_000) if seconds > 0 else 0
+
+
+class RateLimiter(PolicyBase):
+    """Limit how often calls happen: an exact token bucket (GCRA), per key, local or shared.
+
+    ``rate`` is a :class:`Rate` or text (``"100/s"``, ``"5 per minute"``, ``"10/5s"``);
+    ``burst`` (default: the rate's amount) is the bucket size: how many calls may happen
+    at once after a quiet period. ``key`` makes one bucket per key: a constant, or a
+    function of the decorated function's arguments (per domain, per user). ``cost``
+    takes several tokens at once.
+
+    Refusals raise :class:`~resilience.RateLimited` with ``retry_after``. With
+    ``max_wait > 0`` a call instead *reserves* the next free slot within ``max_wait``
+    seconds and sleeps exactly until it (clamped by the ambient deadline): no polling.
+
+    ``backend``: :class:`~resilience.backends.MemoryBackend` (default, per process) or
+    :class:`~resilience.backends.RedisBackend` (shared by every process, one round trip
+    per decision, time from Redis). When the backend fails, ``on_backend_error`` decides:
+    ``"local"`` (default) uses an in-process twin at ``local_rate`` (default: the full
+    rate) and returns to the backend automatically, ``"open"`` admits, ``"closed"``
+    raises :class:`~resilience.BackendError`. Every such decision emits
+    :class:`~resilience.BackendFallback` and is counted in :meth:`statistics`.
+
+    ``algorithm``: ``"token-bucket"`` (default) or the window algorithms of the
+    ``limits`` library, ``"fixed-window"``, ``"moving-window"``, ``"sliding-window"``
+    (whole-second periods; no reservation, ``max_wait`` polls at ``retry_after``; they
+    read limits' own wall clock, not ``clock=``).
+
+    Example::
+
+        per_domain = rs.RateLimiter("2/s", key=lambda url: urlsplit(url).hostname, max_wait=5)
+
+        @per_domain
+        async def download(url: str) -> bytes: ...
+
+        api = rs.RateLimiter("100/min", burst=20)
+        decision = api.try_acquire(key=user_id)
+        if not decision:
+            return 429, {"Retry-After": math.ceil(decision.retry_after)}
+    """
+
+    __slots__ = (
+        "_admit",
+        "_admit_one",
+        "_admitted",
+        "_algorithm",
+        "_buckets",
+        "_clock",
+        "_failover",
+        "_gcra",
+        "_key",
+        "_key_fn",
+        "_max_wait_us",
+        "_rejected",
+        "_waited",
+        "burst",
+        "max_wait",
+        "rate",
+    )
+
+    raises_rejected = True
+
+    def __init__(
+        self,
+        rate: Rate | str,
+        *,
+        burst: int | None = None,
+        key: Hashable | Callable[..., Hashable] | None = None,
+        backend: Any = None,
+        on_backend_error: str = "local",
+        max_wait: float = 0.0,
+        algorithm: str = "token-bucket",
+        local_rate: Rate | str | None = None,
+        clock: Clock | None = None,
+        name: str | None = None,
+    ) -> None:
+        super().__init__(name=name)
+        self.rate: Rate = as_rate(rate)
+        self.burst: int = check_int(
+            "burst", self.rate.amount if burst is None else burst, minimum=1
+        )
+        self.max_wait: float = check_number("max_wait", max_wait, minimum=0.0)
+        if self.max_wait > _MAX_WAIT_LIMIT:
+            raise ConfigurationError(f"max_wait must be <= {_MAX_WAIT_LIMIT:g}, got {max_wait!r}")
+        self._max_wait_us = _wait_us(self.max_wait)
+        self._algorithm = check_choice("algorithm", algorithm, ALGORITHMS)
+        on_backend_error = check_choice("on_backend_error", on_backend_error, MODES)
+        self._clock: Clock = SYSTEM_CLOCK if clock is None else clock
+        if callable(key) and not isinstance(key, str | bytes):
+            self._key_fn: Callable[..., Hashable] | None = check_callable("key", key)
+            self._key: Hashable = None
+        else:
+            self._key_fn = None
+            self._key = key
+        self._gcra = GCRA(self.rate, self.burst)
+        self._admitted = 0
+        self._rejected = 0
+        self._waited = 0
+        self._failover: Failover | None = None
+        if backend is None:
+            backend = MemoryBackend()
+        self._buckets = self._make_buckets(backend, on_backend_error, local_rate)
+        #: The memory GCRA lean paths (None for other stores).
+        self._admit: Callable[[Hashable, int, int], float] | None = getattr(
+            self._buckets, "admit", None
+        )
+        self._admit_one: Callable[[], float] | None = None
+        if self._admit is not None and key is None and not self._max_wait_us:
+            self._admit_one = self._buckets.admit_one
+
+    # ------------------------------------------------------------------ construction
+
+    def _make_buckets(self, backend: Any, mode: str, local_rate: Rate | str | None) -> Any:
+        from ..backends._redis import RedisBackend
+
+        windowed = self._algorithm != "token-bucket"
+        if windowed and self.burst != self.rate.amount:
+            raise ConfigurationError(
+                f"burst applies to algorithm='token-bucket' only; {self._algorithm!r} "
+                f"admits rate.amount ({self.rate.amount}) per window"
+            )
+        if isinstance(backend, MemoryBackend):
+            if windowed:
+                from ._windows import WindowBuckets
+
+                return WindowBuckets.in_memory(self._algorithm, self.rate, name=self.name)
+            return backend.gcra_buckets(self._gcra, self._clock)
+        if not isinstance(backend, RedisBackend):
+            raise ConfigurationError(
+                f"backend must be a MemoryBackend or a RedisBackend, got {backend!r}"
+            )
+        twin_rate = self.rate if local_rate is None else as_rate(local_rate, "local_rate")
+        if windowed:
+            from ._windows import WindowBuckets
+
+            primary: Any = WindowBuckets.on_redis(
+                self._algorithm, self.rate, backend, name=self.name
+            )
+            twin: Any = WindowBuckets.in_memory(self._algorithm, twin_rate, name=self.name)
+        else:
+            from ._redis import RedisBuckets
+
+            primary = RedisBuckets(backend, self._gcra, self._clock, namespace=self.name)
+            twin_burst = self.burst
+            if local_rate is not None:
+                ratio = twin_rate.per_second / self.rate.per_second
+                twin_burst = max(1, min(self.burst, math.floor(self.burst * ratio)))
+            twin = MemoryBackend().gcra_buckets(GCRA(twin_rate, twin_burst), self._clock)
+        self._failover = Failover(mode, owner=self, clock=self._clock)
+        return FailoverBuckets(primary, twin, self._failover, burst=self.burst)
+
+    # ------------------------------------------------------------------ helpers
+
+    def _budget_us(self, max_wait: float | None) -> int:
+        """The reservation budget in µs: ``max_wait`` (or the default) cut to the deadline."""
+        if max_wait is None:
+            if not self._max_wait_us:
+                return 0
+            return _wait_us(clamp(self.max_wait))
+        seconds = check_number("max_wait", max_wait, minimum=0.0)
+        return _wait_us(clamp(min(seconds, _MAX_WAIT_LIMIT)))
+
+    def _check_cost(self, cost: int) -> None:
+        self._gcra.check_cost(cost)
+
+    def _refused(self, key: Hashable, retry_after: float) -> RateLimited:
+        self._rejected += 1
+        if self._observed:
+            self._emit(
+                CallRejected(
+                    policy=self.name, key=None if key is None else str(key), retry_after=retry_after
+                )
+            )
+        return RateLimited(f"{self.name}: rate limited", retry_after=retry_after)
+
+    def _count(self, decision: Decision, key: Hashable) -> Decision:
+        if decision.allowed:
+            self._admitted += 1
+        else:
+            self._refused(key, decision.retry_after)
+        return decision
+
+    def _polling_delay(self, decision: Decision, budget_us: int) -> float | None:
+        # Window algorithms cannot reserve: when the refusal will lift within the budget,
+        # the shell sleeps retry_after and asks again. GCRA decisions never get here.
+        if self._algorithm == "token-bucket":
+            return None
+        if decision.retry_after * 1_000_000 > budget_us:
+            return None
+        return max(decision.retry_after, 1e-6)
+
+    # ------------------------------------------------------------------ direct use
+
+    def try_acquire(self, key: Hashable = None, cost: int = 1) -> Decision:
+        """Take ``cost`` tokens for ``key`` now, without waiting; ``cost=0`` only peeks.
+
+        ``key=None`` means the limiter's constant ``key`` (or its single bucket). Never
+        raises for a refusal (check ``decision.allowed``, or
+        ``decision.raise_for_refusal()``); a ``cost`` above the burst raises
+        :class:`~resilience.ConfigurationError` at once.
+
+        Example::
+
+            d = limiter.try_acquire(key="alice")
+            print(d.allowed, d.remaining, d.retry_after, d.reset_after, d.limit)
+        """
+        if key is None:
+            key = self._key  # the limiter's constant key, if it has one
+        if cost != 1:
+            self._check_cost(cost)
+        return self._count(self._buckets.take(key, cost, 0), key)
+
+    async def try_acquire_async(self, key: Hashable = None, cost: int = 1) -> Decision:
+        """Async :meth:`try_acquire` (asyncio or trio; Redis I/O does not block the loop).
+
+        Example: ``d = await limiter.try_acquire_async(key="alice")``
+        """
+        if key is None:
+            key = self._key  # the limiter's constant key, if it has one
+        if cost != 1:
+            self._check_cost(cost)
+        buckets = self._buckets
+        if buckets.local:
+            return self._count(buckets.take(key, cost, 0), key)
+        return self._count(await buckets.take_async(key, cost, 0), key)
+
+    def acquire(
+        self, key: Hashable = None, cost: int = 1, *, max_wait: float | None = None
+    ) -> Decision:
+        """Take ``cost`` tokens, waiting up to ``max_wait`` (default: the limiter's) for them.
+
+        The wait is a reservation: the slot is booked at once and the thread sleeps
+        exactly until it, clamped by the ambient deadline. Raises
+        :class:`~resilience.RateLimited` (with ``retry_after``) when the tokens cannot be
+        had within that time.
+
+        Example::
+
+            limiter.acquire(key="example.com", max_wait=2.0)
+            download("https://example.com/a")
+        """
+        if key is None:
+            key = self._key  # the limiter's constant key, if it has one
+        if cost != 1:
+            self._check_cost(cost)
+        budget = self._budget_us(max_wait)
+        while True:
+            decision: Decision = self._buckets.take(key, cost, budget)
+            if decision.allowed:
+                break
+            delay = self._polling_delay(decision, budget)
+            if delay is None:
+                raise self._refused(key, decision.retry_after)
+            self._clock.sleep(delay)
+            budget -= _wait_us(delay)
+        self._admitted += 1
+        if decision.wait > 0:
+            self._waited += 1
+            self._clock.sleep(decision.wait)
+        return decision
+
+    async def acquire_async(
+        self, key: Hashable = None, cost: int = 1, *, max_wait: float | None = None
+    ) -> Decision:
+        """Async :meth:`acquire`: the task sleeps for its reservation (asyncio or trio).
+
+        Example: ``await limiter.acquire_async(key="example.com", max_wait=2.0)``
+        """
+        if key is None:
+            key = self._key  # the limiter's constant key, if it has one
+        if cost != 1:
+            self._check_cost(cost)
+        budget = self._budget_us(max_wait)
+        buckets = self._buckets
+        decision: Decision
+        while True:
+            if buckets.local:
+                decision = buckets.take(key, cost, budget)
+            else:
+                decision = await buckets.take_async(key, cost, budget)
+            if decision.allowed:
+                break
+            delay = self._polling_delay(decision, budget)
+            if delay is None:
+                raise self._refused(key, decision.retry_after)
+            await self._clock.sleep_async(delay)
+            budget -= _wait_us(delay)
+        self._admitted += 1
+        if decision.wait > 0:
+            self._waited += 1
+            await self._clock.sleep_async(decision.wait)
+        return decision
+
+    # ------------------------------------------------------------------ policy
+
+    def call(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+        """Run ``fn(*args, **kwargs)`` once a token for its key is available.
+
+        The key is ``key(*args, **kwargs)`` when the limiter's ``key`` is a function.
+        Raises :class:`~resilience.RateLimited` if none is available within ``max_wait``.
+        """
+        admit_one = self._admit_one
+        if admit_one is not None:
+            wait = admit_one()
+            if wait:
+                raise self._refused(None, -wait)
+            return fn(*args, **kwargs)
+        key_fn = self._key_fn
+        key = self._key if key_fn is None else key_fn(*args, **kwargs)
+        admit = self._admit
+        if admit is not None:
+            wait = admit(key, 1, self._max_wait_us and self._budget_us(None))
+            if wait:
+                if wait < 0:
+                    raise self._refused(key, -wait)
+                self._waited += 1
+                self._clock.sleep(wait)
+            return fn(*args, **kwargs)
+        self.acquire(key)
+        return fn(*args, **kwargs)
+
+    async def call_async(self, fn: Callable[..., Awaitable[T]], /, *args: Any, **kwargs: Any) -> T:
+        """Run ``await fn(*args, **kwargs)`` once a token for its key is available."""
+        admit_one = self._admit_one
+        if admit_one is not None:
+            wait = admit_one()
+            if wait:
+                raise self._refused(None, -wait)
+            return await fn(*args, **kwargs)
+        key_fn = self._key_fn
+        key = self._key if key_fn is None else key_fn(*args, **kwargs)
+        admit = self._admit
+        if admit is not None:
+            wait = admit(key, 1, self._max_wait_us and self._budget_us(None))
+            if wait:
+                if wait < 0:
+                    raise self._refused(key, -wait)
+                self._waited += 1
+                await self._clock.sleep_async(wait)
+            return await fn(*args, **kwargs)
+        await self.acquire_async(key)
+        return await fn(*args, **kwargs)
+
+    def __call__(self, fn: Callable[P, T]) -> Callable[P, T]:
+        """Decorate ``fn`` (``def`` or ``async def``, function or method).
+
+        An in-memory token-bucket limiter without ``max_wait`` gets a wrapper that takes
+        its token inline (the cheapest possible admitted call); everything else goes
+        through :meth:`call` / :meth:`call_async`, which behave the same.
+
+        Example::
+
+            @rs.RateLimiter("10/s")
+            def ping() -> None: ...
+        """
+        admit = self._admit
+        if (
+            admit is None
+            or self._max_wait_us
+            or isinstance(fn, classmethod | staticmethod)
+            or not callable(fn)
+            or inspect.isasyncgenfunction(fn)
+        ):
+            return decorate(self, fn)
+        if self._admit_one is not None:
+            return cast(Callable[P, T], self._decorate_unkeyed(fn, self._admit_one))
+        return cast(Callable[P, T], self._decorate_keyed(fn, admit))
+
+    def _decorate_unkeyed(self, fn: Callable[P, T], admit_one: Callable[[], float]) -> Any:
+        refused = self._refused
+        if inspect.iscoroutinefunction(fn):
+            afn = cast(Callable[..., Awaitable[Any]], fn)
+
+            @functools.wraps(fn)
+            async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+                wait = admit_one()
+                if wait:
+                    raise refused(None, -wait)
+                return await afn(*args, **kwargs)
+
+            return async_wrapper
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            wait = admit_one()
+            if wait:
+                raise refused(None, -wait)
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+    def _decorate_keyed(
+        self, fn: Callable[P, T], admit: Callable[[Hashable, int, int], float]
+    ) -> Any:
+        refused = self._refused
+        key_fn = self._key_fn
+        if key_fn is None:
+            constant = self._key
+
+            def key_fn(*args: Any, **kwargs: Any) -> Hashable:
+                return constant
+
+        if inspect.iscoroutinefunction(fn):
+            afn = cast(Callable[..., Awaitable[Any]], fn)
+
+            @functools.wraps(fn)
+            async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+                key = key_fn(*args, **kwargs)
+                wait = admit(key, 1, 0)
+                if wait:
+                    raise refused(key, -wait)
+                return await afn(*args, **kwargs)
+
+            return async_wrapper
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            key = key_fn(*args, **kwargs)
+            wait = admit(key, 1, 0)
+            if wait:
+                raise refused(key, -wait)
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+    def __enter__(self) -> Decision:
+        """``with limiter:`` takes one token of the limiter's constant key (or waits for it)."""
+        return self.acquire(self._key)
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    async def __aenter__(self) -> Decision:
+        """``async with limiter:`` takes one token of the limiter's constant key."""
+        return await self.acquire_async(self._key)
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+    # ------------------------------------------------------------------ introspection
+
+    def statistics(self) -> dict[str, Any]:
+        """Counters: admitted, rejected, waited (reservations), keys and backend health.
+
+        With a shared backend it also has ``round_trips``, ``denial_cache_hits`` and the
+        failure-mode counters ``backend_errors``, ``fallback_decisions``,
+        ``backend_recoveries``, ``backend_healthy``.
+
+        Example::
+
+            >>> limiter.statistics()["rejected"]
+            3
+        """
+        stats: dict[str, Any] = {
+            "name": self.name,
+            "rate": str(self.rate),
+            "burst": self.burst,
+            "algorithm": self._algorithm,
+            "admitted": self._admitted + getattr(self._buckets, "admitted", 0),
+            "rejected": self._rejected,
+            "waited": self._waited,
+        }
+        buckets = self._buckets
+        primary = buckets.primary if isinstance(buckets, FailoverBuckets) else buckets
+        if hasattr(primary, "statistics"):
+            stats.update(primary.statistics())
+        stats.pop("lean_admitted", None)
+        if hasattr(primary, "__len__"):
+            stats["keys"] = len(primary)
+        if self._failover is not None:
+            stats.update(self._failover.statistics())
+        return stats
+
+    def __repr__(self) -> str:
+        return f"<RateLimiter {self.name!r} {self.rate} burst={self.burst}>"

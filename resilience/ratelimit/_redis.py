@@ -1,0 +1,185 @@
+"""GCRA buckets on Redis: one ``EVALSHA`` per decision, plus a local denial cache.
+
+The script (``resilience/backends/lua/gcra.lua``) is the same transition as the pure
+core in :mod:`._gcra`, with time from Redis ``TIME`` in integer microseconds and the
+emission interval kept exact as ``eq + er/d`` microseconds. Keys are
+``prefix:{rl:<limiter>:<params>:<key>}`` (one hash tag: Redis Cluster works; long or
+binary user keys hashed) and expire (``PX``) when the bucket is full again.
+
+**Denial cache.** A refusal says "not before ``retry_after``". Until then, the same or a
+costlier request for that key is refused locally, with no round trip. The cache is
+conservative (its deadline is measured from when the reply arrived, never earlier than
+Redis' own), so it never admits anything Redis would refuse.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from importlib import resources
+from typing import Any
+
+from .._clock import Clock
+from ..backends._redis import PreparedCall, RedisBackend
+from ._gcra import GCRA, Decision, make_decision
+
+__all__ = ["GCRA_LUA", "RedisBuckets"]
+
+#: The Lua source of the GCRA decision.
+GCRA_LUA = resources.files("resilience.backends").joinpath("lua/gcra.lua").read_text()
+
+_MAX_CACHED_KEYS = 8192
+
+
+class RedisBuckets:
+    """The GCRA buckets of one limiter on Redis (used by :class:`~resilience.RateLimiter`).
+
+    ``take()``/``take_async()`` make one ``EVALSHA`` (or none, when the denial cache
+    answers) and return a :class:`Decision`; backend failures raise
+    :class:`~resilience.BackendError` for the failure-mode layer above.
+
+    Example::
+
+        buckets = RedisBuckets(backend, GCRA(Rate(10, 1), 10), rs.SYSTEM_CLOCK, namespace="api")
+        decision = buckets.take("alice", 1, 0)
+    """
+
+    __slots__ = (
+        "_argv",
+        "_burst",
+        "_calls",
+        "_denied",
+        "_emission_us",
+        "_frac",
+        "_monotonic",
+        "_namespace",
+        "_run",
+        "_run_async",
+        "_script",
+        "_tolerance_us",
+        "_unkeyed",
+        "backend",
+        "denial_cache_hits",
+        "denial_cache_size",
+        "gcra",
+        "round_trips",
+    )
+
+    local = False
+
+    def __init__(
+        self,
+        backend: RedisBackend,
+        gcra: GCRA,
+        clock: Clock,
+        *,
+        namespace: str,
+        denial_cache_size: int = 10_000,
+    ) -> None:
+        self.backend = backend
+        self.gcra = gcra
+        script = backend.script(GCRA_LUA)
+        self._script = script
+        self._run = script.run_prepared
+        self._run_async = script.run_prepared_async
+        d = gcra.denominator
+        eq, er = divmod(gcra.emission, d)
+        tq, tr = divmod(gcra.tolerance, d)
+        # Whole-microsecond emission intervals need no fractional part (the fast path).
+        self._argv = (eq, tq)
+        self._emission_us, self._tolerance_us = eq, tq
+        self._frac = () if er == 0 else (er, d, tr)
+        self._burst = gcra.burst
+        self._monotonic = clock.monotonic
+        params = f"{gcra.rate.amount}/{gcra.rate.period_us}/{gcra.burst}"
+        self._namespace = ("rl", namespace, params)
+        self._unkeyed = backend.key(*self._namespace)
+        #: key -> the packed default decision (cost 1, no reservation) for that key
+        self._calls: dict[Hashable, PreparedCall] = {}
+        #: key -> (local time until which it is refused, the cost refused)
+        self._denied: dict[Hashable, tuple[float, int]] = {}
+        self.denial_cache_size = denial_cache_size
+        #: Refusals answered by the denial cache (no round trip).
+        self.denial_cache_hits = 0
+        #: Scripts run on Redis.
+        self.round_trips = 0
+
+    def _redis_key(self, key: Hashable) -> str:
+        if key is None:
+            return self._unkeyed
+        part = key if isinstance(key, str | bytes | int) else repr(key)
+        return self.backend.key(*self._namespace, part)
+
+    def _call(self, key: Hashable, cost: int, max_wait_us: int) -> PreparedCall:
+        """The packed script run for this decision (cached for the default one)."""
+        if cost == 1 and not max_wait_us:
+            call = self._calls.get(key)
+            if call is None:
+                call = self._script.prepare(
+                    (self._redis_key(key),), (*self._argv, 1, 0, *self._frac)
+                )
+                if len(self._calls) >= _MAX_CACHED_KEYS:
+                    self._calls.clear()
+                self._calls[key] = call
+            return call
+        return self._script.prepare(
+            (self._redis_key(key),), (*self._argv, cost, max_wait_us, *self._frac)
+        )
+
+    def _cached_refusal(self, key: Hashable, cost: int, max_wait_us: int) -> Decision | None:
+        entry = self._denied.get(key)
+        if entry is None:
+            return None
+        until, refused_cost = entry
+        now = self._monotonic()
+        if now >= until:
+            self._denied.pop(key, None)
+            return None
+        retry_after = until - now
+        if cost < refused_cost or max_wait_us >= retry_after * 1_000_000:
+            return None
+        self.denial_cache_hits += 1
+        return make_decision((False, 0, retry_after, retry_after, self._burst, 0.0))
+
+    def _decision(self, key: Hashable, cost: int, reply: Any) -> Decision:
+        # reply: b"wait_us reset_us" (+ b" remaining" for fractional emission intervals);
+        # a negative wait is a refusal. See lua/gcra.lua.
+        fields = reply.split()
+        wait_us, reset_us = int(fields[0]), int(fields[1])
+        if len(fields) > 2:
+            remaining = int(fields[2])
+        else:
+            remaining = (self._tolerance_us - reset_us) // self._emission_us
+            if remaining < 0:
+                remaining = 0
+        if wait_us >= 0:
+            return make_decision((True, remaining, 0.0, reset_us / 1e6, self._burst, wait_us / 1e6))
+        retry_after = -wait_us / 1e6
+        denied = self._denied
+        if len(denied) >= self.denial_cache_size:
+            denied.pop(next(iter(denied)), None)
+        denied[key] = (self._monotonic() + retry_after, cost)
+        return make_decision((False, remaining, retry_after, reset_us / 1e6, self._burst, 0.0))
+
+    def take(self, key: Hashable, cost: int, max_wait_us: int) -> Decision:
+        """One decision on Redis (or from the denial cache); raises ``BackendError``."""
+        if self._denied:
+            cached = self._cached_refusal(key, cost, max_wait_us)
+            if cached is not None:
+                return cached
+        self.round_trips += 1
+        reply = self._run(self._call(key, cost, max_wait_us))
+        return self._decision(key, cost, reply)
+
+    async def take_async(self, key: Hashable, cost: int, max_wait_us: int) -> Decision:
+        """Like :meth:`take`, from asyncio or trio."""
+        if self._denied:
+            cached = self._cached_refusal(key, cost, max_wait_us)
+            if cached is not None:
+                return cached
+        self.round_trips += 1
+        reply = await self._run_async(self._call(key, cost, max_wait_us))
+        return self._decision(key, cost, reply)
+
+    def statistics(self) -> dict[str, int]:
+        """Round trips and denial-cache hits."""
+        return {"round_trips": self.round_trips, "denial_cache_hits": self.denial_cache_hits}

@@ -1,0 +1,202 @@
+"""Window algorithms delegated to the ``limits`` library, behind the RateLimiter API.
+
+``algorithm="fixed-window" | "moving-window" | "sliding-window"`` maps to limits'
+``FixedWindowRateLimiter``, ``MovingWindowRateLimiter`` and
+``SlidingWindowCounterRateLimiter``. Storage is limits' ``MemoryStorage`` for a
+:class:`~resilience.backends.MemoryBackend`, and limits' Redis storages built on the
+:class:`~resilience.backends.RedisBackend`'s own connection pools for Redis (the async
+side through limits' redis-py bridge, never coredis; on trio, the sync side in a worker
+thread). Failures surface as :class:`~resilience.BackendError` so the limiter's
+``on_backend_error`` applies exactly as for the token bucket.
+
+Windows have whole-second periods (limits' granularity) and read limits' wall clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Hashable
+from typing import Any
+
+from ..backends._redis import RedisBackend
+from ..errors import BackendError, ConfigurationError
+from ._gcra import Decision
+from ._rate import Rate
+
+__all__ = ["WindowBuckets"]
+
+_STRATEGIES = {
+    "fixed-window": "FixedWindowRateLimiter",
+    "moving-window": "MovingWindowRateLimiter",
+    "sliding-window": "SlidingWindowCounterRateLimiter",
+}
+
+
+def _limit_item(rate: Rate) -> Any:
+    from limits import RateLimitItemPerSecond
+
+    seconds = rate.period_us / 1_000_000
+    if seconds != int(seconds):
+        raise ConfigurationError(
+            f"window algorithms need a whole number of seconds as period, got {rate}"
+        )
+    return RateLimitItemPerSecond(rate.amount, int(seconds))
+
+
+def _identifier(key: Hashable) -> str:
+    if key is None:
+        return "-"
+    if isinstance(key, bytes):
+        return key.hex()
+    return str(key)
+
+
+class WindowBuckets:
+    """A ``limits`` strategy and storage answering with :class:`Decision` objects.
+
+    Built with :meth:`in_memory` or :meth:`on_redis`. ``take`` records a hit (``cost``
+    0 only tests) and reads the window statistics for ``remaining`` and ``reset_after``.
+
+    Example::
+
+        buckets = WindowBuckets.in_memory("moving-window", Rate(5, 60), name="api")
+        assert buckets.take("alice", 1, 0).allowed
+    """
+
+    __slots__ = (
+        "_async_strategies",
+        "_backend",
+        "_errors",
+        "_item",
+        "_name",
+        "_strategy",
+        "_strategy_name",
+        "local",
+    )
+
+    def __init__(
+        self,
+        algorithm: str,
+        rate: Rate,
+        storage: Any,
+        *,
+        name: str,
+        backend: RedisBackend | None = None,
+        local: bool,
+    ) -> None:
+        import limits.strategies
+
+        self._strategy_name = _STRATEGIES[algorithm]
+        self._item = _limit_item(rate)
+        self._strategy = getattr(limits.strategies, self._strategy_name)(storage)
+        self._name = name
+        self._backend = backend
+        self.local = local
+        self._async_strategies: dict[asyncio.AbstractEventLoop, Any] = {}
+        errors: tuple[type[BaseException], ...] = (OSError, TimeoutError)
+        if backend is not None:
+            import limits.errors
+            import redis
+
+            errors = (redis.RedisError, limits.errors.StorageError, *errors)
+        self._errors = errors
+
+    @classmethod
+    def in_memory(cls, algorithm: str, rate: Rate, *, name: str) -> WindowBuckets:
+        """Windows in process memory (limits' ``MemoryStorage``)."""
+        from limits.storage import MemoryStorage
+
+        return cls(algorithm, rate, MemoryStorage(), name=name, local=True)
+
+    @classmethod
+    def on_redis(
+        cls, algorithm: str, rate: Rate, backend: RedisBackend, *, name: str
+    ) -> WindowBuckets:
+        """Windows on the backend's Redis, through limits' redis-py storages."""
+        import limits.storage
+
+        storage: Any
+        if backend.cluster:
+            url = backend._url
+            if url is None:
+                raise ConfigurationError("window algorithms on Redis Cluster need from_url()")
+            storage = limits.storage.RedisClusterStorage(
+                url.replace("redis://", "redis+cluster://", 1),
+                key_prefix=backend.prefix,
+                socket_timeout=backend.timeout,
+                socket_connect_timeout=backend.timeout,
+            )
+        else:
+            storage = limits.storage.RedisStorage(
+                "redis://",
+                connection_pool=backend.sync_client.connection_pool,
+                key_prefix=backend.prefix,
+            )
+        return cls(algorithm, rate, storage, name=name, backend=backend, local=False)
+
+    def _async_strategy(self) -> Any:
+        # limits.aio with the redis-py bridge, one per event loop (clients are loop-bound).
+        assert self._backend is not None
+        client = self._backend.async_client()
+        if client is None or self._backend.cluster:
+            return None
+        loop = asyncio.get_running_loop()
+        strategy = self._async_strategies.get(loop)
+        if strategy is None:
+            import limits.aio.storage
+            import limits.aio.strategies
+
+            storage = limits.aio.storage.RedisStorage(
+                "async+redis://",
+                implementation="redispy",
+                connection_pool=client.connection_pool,
+                key_prefix=self._backend.prefix,
+            )
+            strategy = getattr(limits.aio.strategies, self._strategy_name)(storage)
+            self._async_strategies = {**self._async_strategies, loop: strategy}
+        return strategy
+
+    def _decision(self, allowed: bool, stats: Any) -> Decision:
+        reset_after = max(0.0, float(stats.reset_time) - time.time())
+        retry_after = 0.0 if allowed else max(reset_after, 1e-6)
+        return Decision(allowed, int(stats.remaining), retry_after, reset_after, self._item.amount)
+
+    def take(self, key: Hashable, cost: int, max_wait_us: int) -> Decision:
+        """One decision (two storage operations: hit or test, then window stats)."""
+        ident = _identifier(key)
+        strategy = self._strategy
+        try:
+            if cost:
+                allowed = strategy.hit(self._item, self._name, ident, cost=cost)
+            else:
+                allowed = strategy.test(self._item, self._name, ident)
+            stats = strategy.get_window_stats(self._item, self._name, ident)
+        except self._errors as exc:
+            raise BackendError(f"limits storage failed: {exc!r}") from exc
+        return self._decision(allowed, stats)
+
+    async def take_async(self, key: Hashable, cost: int, max_wait_us: int) -> Decision:
+        """Like :meth:`take` from asyncio (limits.aio) or trio (a worker thread)."""
+        strategy = self._async_strategy() if self._backend is not None else None
+        if strategy is None:
+            import anyio.to_thread
+
+            if self._backend is None:
+                return self.take(key, cost, max_wait_us)
+            with anyio.fail_after(2 * self._backend.timeout + 0.05):  # as RedisBackend
+                return await anyio.to_thread.run_sync(
+                    self.take, key, cost, max_wait_us, abandon_on_cancel=True
+                )
+        ident = _identifier(key)
+        assert self._backend is not None
+        try:
+            async with asyncio.timeout(self._backend.timeout):
+                if cost:
+                    allowed = await strategy.hit(self._item, self._name, ident, cost=cost)
+                else:
+                    allowed = await strategy.test(self._item, self._name, ident)
+                stats = await strategy.get_window_stats(self._item, self._name, ident)
+        except self._errors as exc:
+            raise BackendError(f"limits storage failed: {exc!r}") from exc
+        return self._decision(allowed, stats)

@@ -1,0 +1,83 @@
+"""MemoryBackend: bounded keyed state that never over-admits when it forgets."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import resilience as rs
+from resilience.testing import FakeClock
+
+
+def test_full_buckets_are_dropped(fake_clock: FakeClock) -> None:
+    """Keys whose bucket has refilled are forgotten: idle keys cost no memory."""
+    limiter = rs.RateLimiter("10/s", key=lambda k: k, clock=fake_clock)
+    for i in range(100):
+        limiter.try_acquire(f"user-{i}")
+    assert limiter.statistics()["keys"] == 100
+    fake_clock.advance(0.1)  # every bucket is full again
+    for i in range(60):
+        limiter.try_acquire(f"new-{i}")  # each new key sweeps two full ones
+    assert limiter.statistics()["keys"] == 60
+    assert limiter._buckets.expire() == 0
+
+
+def test_expire_drops_only_full_buckets(fake_clock: FakeClock) -> None:
+    """expire() drops refilled buckets and keeps the ones still spending tokens."""
+    limiter = rs.RateLimiter("1/s", key=lambda k: k, clock=fake_clock)
+    limiter.try_acquire("old")
+    fake_clock.advance(0.5)
+    limiter.try_acquire("young")
+    fake_clock.advance(0.6)
+    assert limiter._buckets.expire() == 1
+    assert limiter.statistics()["keys"] == 1
+    assert not limiter.try_acquire("young").allowed  # refills at 1.5 s
+
+
+def test_cap_never_over_admits(fake_clock: FakeClock) -> None:
+    """Past max_keys, evicting a bucket that is not full never lets that key burst again."""
+    backend = rs.backends.MemoryBackend(max_keys=3)
+    limiter = rs.RateLimiter("1/min", key=lambda k: k, backend=backend, clock=fake_clock)
+    assert limiter.try_acquire("victim").allowed
+    for i in range(5):  # pushes "victim" out of the table
+        limiter.try_acquire(f"flood-{i}")
+    assert limiter.statistics()["keys"] == 3
+    assert limiter.statistics()["evictions"] >= 1
+    assert not limiter.try_acquire("victim").allowed  # still empty: not over-admitted
+    fake_clock.advance(60)
+    assert limiter.try_acquire("victim").allowed
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.integers(min_value=1, max_value=4),
+    st.lists(st.tuples(st.integers(0, 6), st.integers(0, 400_000)), max_size=80),
+)
+def test_bounded_table_keeps_every_key_within_the_bound(
+    max_keys: int, seq: list[tuple[int, int]]
+) -> None:
+    """Whatever the cap and the key flood, each key's admissions stay within burst + rate*t."""
+    clock = FakeClock()
+    small = rs.RateLimiter(
+        "2/s", key=lambda k: k, clock=clock, backend=rs.backends.MemoryBackend(max_keys=max_keys)
+    )
+    admitted: dict[int, list[int]] = {}
+    t = 0
+    for key, delta in seq:
+        t += delta
+        if delta:
+            clock.set(t / 1e6)
+        if small.try_acquire(key).allowed:
+            admitted.setdefault(key, []).append(t)
+        assert small.statistics()["keys"] <= max_keys
+    for times in admitted.values():
+        for i, start in enumerate(times):
+            for count, end in enumerate(times[i:], start=1):
+                assert count * 1_000_000 <= 2 * 1_000_000 + 2 * (end - start)
+
+
+def test_bad_backend_arguments() -> None:
+    """MemoryBackend validates max_keys."""
+    with pytest.raises(rs.ConfigurationError, match="max_keys"):
+        rs.backends.MemoryBackend(max_keys=0)

@@ -1,0 +1,150 @@
+"""RateLimiter on a real Redis: one EVALSHA per decision, Redis time, denial cache."""
+
+from __future__ import annotations
+
+import pytest
+
+import resilience as rs
+from resilience.backends import RedisBackend
+from resilience.testing import FakeClock, RedisServer
+
+pytestmark = pytest.mark.redis
+
+
+def test_burst_then_refusal_in_one_round_trip_each(redis_server: RedisServer) -> None:
+    """Each decision is exactly one EVALSHA; Redis' TIME drives the bucket."""
+    backend = RedisBackend.from_url(redis_server.url, timeout=1.0)
+    limiter = rs.RateLimiter("3/min", backend=backend, name="api")
+    limiter.try_acquire("warm-up")  # loads the script (one EVAL after NOSCRIPT)
+    redis_server.reset_stats()
+    decisions = [limiter.try_acquire("alice") for _ in range(4)]
+    assert [d.allowed for d in decisions] == [True, True, True, False]
+    assert [d.remaining for d in decisions] == [2, 1, 0, 0]
+    assert decisions[3].retry_after == pytest.approx(20.0, abs=0.5)
+    assert decisions[2].reset_after == pytest.approx(60.0, abs=0.5)
+    stats = redis_server.commandstats()
+    assert stats["evalsha"] == 4
+    assert "eval" not in stats
+    assert limiter.statistics()["round_trips"] == 5
+
+
+def test_keys_are_hash_tagged_and_expire_when_full(redis_server: RedisServer) -> None:
+    """Keys carry one hash tag, hash unsafe user keys, and expire (PX) when the bucket refills."""
+    backend = RedisBackend.from_url(redis_server.url, prefix="app", timeout=1.0)
+    limiter = rs.RateLimiter("2/10s", backend=backend, name="dl")
+    limiter.try_acquire("example.com")
+    limiter.try_acquire(b"\x00binary\xff")
+    keys = sorted(redis_server.command("KEYS", "*"))
+    assert keys[0].startswith("app:{rl:dl:2/10000000/2:#")
+    assert keys[1] == "app:{rl:dl:2/10000000/2:example.com}"
+    assert 4_900 <= redis_server.command("PTTL", keys[1]) <= 5_000  # one token = 5 s to full
+
+
+def test_matches_the_memory_semantics(redis_server: RedisServer) -> None:
+    """cost, peek (cost 0) and cost above burst behave as in memory."""
+    limiter = rs.RateLimiter(
+        "10/s", burst=5, backend=RedisBackend.from_url(redis_server.url, timeout=1.0)
+    )
+    assert limiter.try_acquire("k", cost=4).remaining == 1
+    assert limiter.try_acquire("k", cost=0).remaining == 1
+    refused = limiter.try_acquire("k", cost=3)
+    assert not refused
+    assert refused.retry_after == pytest.approx(0.2, abs=0.01)
+    with pytest.raises(rs.ConfigurationError):
+        limiter.try_acquire("k", cost=6)
+
+
+def test_odd_rates_stay_exact(redis_server: RedisServer) -> None:
+    """Emission intervals that are not whole microseconds (3/s) are exact in Lua too."""
+    limiter = rs.RateLimiter(
+        "3/s", burst=1, backend=RedisBackend.from_url(redis_server.url, timeout=1.0)
+    )
+    limiter.try_acquire("k")
+    refused = limiter.try_acquire("k", cost=1)
+    assert refused.retry_after == pytest.approx(1 / 3, abs=0.002)
+    assert refused.reset_after == pytest.approx(1 / 3, abs=0.002)
+
+
+def test_reservations_book_exact_slots(redis_server: RedisServer) -> None:
+    """With max_wait, successive callers get waits one emission interval apart."""
+    clock = FakeClock()  # sleeps are virtual; Redis time is real
+    limiter = rs.RateLimiter(
+        "10/s",
+        burst=1,
+        max_wait=1.0,
+        backend=RedisBackend.from_url(redis_server.url, timeout=1.0),
+        clock=clock,
+    )
+    waits = [limiter.acquire("k").wait for _ in range(4)]
+    assert waits[0] == 0.0
+    for index, wait in enumerate(waits[1:], start=1):
+        assert wait == pytest.approx(0.1 * index, abs=0.01)
+    with pytest.raises(rs.RateLimited):
+        limiter.acquire("k", max_wait=0.2)
+
+
+def test_denial_cache_answers_repeat_refusals_locally(redis_server: RedisServer) -> None:
+    """After a refusal, repeats are refused with no Redis round trip until retry_after."""
+    clock = FakeClock()
+    limiter = rs.RateLimiter(
+        "1/min",
+        backend=RedisBackend.from_url(redis_server.url, timeout=1.0),
+        clock=clock,
+        name="dc",
+    )
+    assert limiter.try_acquire("bob").allowed
+    first_refusal = limiter.try_acquire("bob")
+    assert not first_refusal
+    redis_server.reset_stats()
+    repeats = [limiter.try_acquire("bob") for _ in range(50)]
+    assert not any(repeats)
+    assert redis_server.commandstats().get("evalsha", 0) == 0
+    assert limiter.statistics()["denial_cache_hits"] == 50
+    assert repeats[-1].retry_after <= first_refusal.retry_after
+    assert limiter.try_acquire("bob", cost=0).allowed  # a peek still asks Redis
+    assert limiter.try_acquire("carol").allowed  # other keys are unaffected
+    clock.advance(first_refusal.retry_after)  # the local cache expires on the limiter clock
+    limiter.try_acquire("bob")
+    assert redis_server.commandstats()["evalsha"] == 3
+
+
+@pytest.mark.anyio
+async def test_async_on_asyncio_and_trio(redis_server: RedisServer) -> None:
+    """try_acquire_async, the async decorator and `async with` work on both loops."""
+    limiter = rs.RateLimiter("2/min", backend=RedisBackend.from_url(redis_server.url, timeout=1.0))
+
+    @limiter
+    async def work() -> str:
+        return "ok"
+
+    assert await work() == "ok"
+    async with limiter as decision:
+        assert decision.remaining == 0
+    with pytest.raises(rs.RateLimited):
+        await work()
+    assert not await limiter.try_acquire_async()
+
+
+@pytest.mark.parametrize("algorithm", ["fixed-window", "moving-window", "sliding-window"])
+def test_window_algorithms_on_redis(redis_server: RedisServer, algorithm: str) -> None:
+    """limits' window strategies serve the same API on the same Redis."""
+    limiter = rs.RateLimiter(
+        "3/min", backend=RedisBackend.from_url(redis_server.url, timeout=1.0), algorithm=algorithm
+    )
+    decisions = [limiter.try_acquire("k") for _ in range(4)]
+    assert [d.allowed for d in decisions] == [True, True, True, False]
+    assert decisions[1].remaining == 1
+    assert decisions[3].limit == 3
+    assert 0 < decisions[3].retry_after <= 60
+    assert limiter.try_acquire("other").allowed
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("algorithm", ["fixed-window", "moving-window"])
+async def test_window_algorithms_async(redis_server: RedisServer, algorithm: str) -> None:
+    """Async window decisions go through limits.aio's redis-py bridge (or a thread on trio)."""
+    limiter = rs.RateLimiter(
+        "2/min", backend=RedisBackend.from_url(redis_server.url, timeout=1.0), algorithm=algorithm
+    )
+    results = [(await limiter.try_acquire_async("k")).allowed for _ in range(3)]
+    assert results == [True, True, False]

@@ -1,0 +1,135 @@
+"""The same limiter on a Redis Cluster of 3 masters started by the test.
+
+Every decision touches one key with one hash tag, so it runs on one slot; keys of
+different users spread over the masters. Skipped (loudly) without redis-server or
+redis-cli, failing instead under RESILIENCE_REQUIRE_REDIS=1.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+
+import pytest
+
+import resilience as rs
+from resilience.backends import RedisBackend
+from resilience.testing import RedisServer, RedisUnavailable, free_port
+from resilience.testing._plugin import redis_required
+
+pytestmark = pytest.mark.redis
+
+
+def _cluster_port() -> int:
+    """A free port whose cluster bus port (port + 10000) is free and valid too."""
+    for _ in range(200):
+        port = free_port()
+        if port + 10_000 > 65_535:
+            continue
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port + 10_000))
+            except OSError:
+                continue
+        return port
+    raise RedisUnavailable("no free port pair for a cluster node")
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[list[RedisServer]]:
+    """Three cluster-enabled masters joined with ``redis-cli --cluster create``."""
+    cli = shutil.which("redis-cli")
+    nodes: list[RedisServer] = []
+    try:
+        if cli is None:
+            raise RedisUnavailable("redis-cli is not on PATH")
+        for _ in range(3):
+            node = RedisServer(port=_cluster_port(), extra_args=("--cluster-enabled", "yes"))
+            nodes.append(node.start())
+        addresses = [f"127.0.0.1:{node.port}" for node in nodes]
+        subprocess.run(
+            [cli, "--cluster", "create", *addresses, "--cluster-replicas", "0", "--cluster-yes"],
+            check=True,
+            capture_output=True,
+            timeout=30,
+        )
+        deadline = time.monotonic() + 20
+        while not all("cluster_state:ok" in str(n.command("CLUSTER", "INFO")) for n in nodes):
+            if time.monotonic() > deadline:
+                raise RedisUnavailable("the cluster did not converge")
+            time.sleep(0.05)
+    except (RedisUnavailable, subprocess.SubprocessError) as exc:
+        for node in nodes:
+            node.stop()
+        message = f"REDIS CLUSTER UNAVAILABLE: {exc}"
+        if redis_required():
+            pytest.fail(message)
+        pytest.skip(message)
+    yield nodes
+    for node in nodes:
+        node.stop()
+
+
+@pytest.fixture
+def backend(cluster: list[RedisServer]) -> RedisBackend:
+    """A cluster backend on a fresh prefix (tests share the module's cluster)."""
+    return RedisBackend.from_url(
+        cluster[0].url, cluster=True, prefix=f"t{time.monotonic_ns()}", timeout=1.0
+    )
+
+
+def test_decisions_on_the_cluster(backend: RedisBackend, cluster: list[RedisServer]) -> None:
+    """Burst, refusal and keys spread over the masters, one hash tag per key."""
+    limiter = rs.RateLimiter("3/min", key=lambda user: user, backend=backend)
+    users = [f"user-{i}" for i in range(30)]
+    for user in users:
+        assert [limiter.try_acquire(user).allowed for _ in range(4)] == [True, True, True, False]
+    holders = [node for node in cluster if int(node.command("DBSIZE")) > 0]
+    assert len(holders) >= 2  # the keys really live on several masters
+    stats = limiter.statistics()
+    assert stats["backend_errors"] == 0
+    assert stats["admitted"] == 90
+
+
+def test_script_flush_on_one_master_is_transparent(
+    backend: RedisBackend, cluster: list[RedisServer]
+) -> None:
+    """NOSCRIPT from any master is handled by reloading on that master."""
+    limiter = rs.RateLimiter("100/s", key=lambda user: user, backend=backend)
+    for i in range(10):
+        limiter.try_acquire(f"k{i}")
+    for node in cluster:
+        node.flush_scripts()
+    assert all(limiter.try_acquire(f"k{i}").allowed for i in range(10))
+    assert limiter.statistics()["backend_errors"] == 0
+
+
+def test_denial_cache_and_reservation_on_the_cluster(backend: RedisBackend) -> None:
+    """The denial cache and reservations work unchanged."""
+    from resilience.testing import FakeClock
+
+    clock = FakeClock()
+    limiter = rs.RateLimiter("10/s", burst=1, backend=backend, clock=clock, max_wait=1)
+    assert limiter.acquire("k").wait == 0.0
+    assert limiter.acquire("k").wait == pytest.approx(0.1, abs=0.02)
+    assert not limiter.try_acquire("k")
+    assert not limiter.try_acquire("k")
+    assert limiter.statistics()["denial_cache_hits"] == 1
+
+
+@pytest.mark.anyio
+async def test_async_on_the_cluster(backend: RedisBackend) -> None:
+    """Async decisions (redis.asyncio cluster client, or a thread on trio)."""
+    limiter = rs.RateLimiter("2/min", backend=backend)
+    results = [(await limiter.try_acquire_async("k")).allowed for _ in range(3)]
+    assert results == [True, True, False]
+
+
+@pytest.mark.parametrize("algorithm", ["fixed-window", "moving-window"])
+def test_window_algorithms_on_the_cluster(backend: RedisBackend, algorithm: str) -> None:
+    """limits' cluster storage serves the window algorithms."""
+    limiter = rs.RateLimiter("2/min", backend=backend, algorithm=algorithm, name=algorithm)
+    assert [limiter.try_acquire("k").allowed for _ in range(3)] == [True, True, False]

@@ -1,0 +1,167 @@
+"""Redis faults (killed, paused, restarted empty, SCRIPT FLUSH) under each failure mode.
+
+Each mode behaves as documented, no exception escapes other than RateLimited and, for
+"closed", BackendError; a failed decision costs about the backend timeout and only the
+probing call pays it; once Redis is back, the limiter returns to it within 2 s.
+
+The failure-mode machinery runs on a FakeClock (probe schedule in virtual time);
+latencies are measured on the real clock because Redis and its sockets are real.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import pytest
+
+import resilience as rs
+from resilience.backends import RedisBackend
+from resilience.testing import FakeClock, RedisServer
+
+pytestmark = pytest.mark.redis
+
+TIMEOUT = 0.05
+#: The acceptance bound on the added latency of a failing decision.
+LATENCY_BOUND = TIMEOUT + 0.010
+
+FAULTS: dict[str, tuple[Callable[[RedisServer], None], Callable[[RedisServer], None]]] = {
+    "killed": (lambda s: s.kill(), lambda s: s.start()),
+    "paused": (lambda s: s.pause(), lambda s: s.resume()),
+    "restarted-empty": (lambda s: s.restart(), lambda s: None),
+    "script-flush": (lambda s: s.flush_scripts(), lambda s: None),
+}
+
+
+def _limiter(server: RedisServer, mode: str, clock: FakeClock) -> rs.RateLimiter:
+    backend = RedisBackend.from_url(server.url, timeout=TIMEOUT)
+    return rs.RateLimiter(
+        "1000/s", burst=100, key=lambda k: k, backend=backend, on_backend_error=mode, clock=clock
+    )
+
+
+def _decide(limiter: rs.RateLimiter, key: str) -> tuple[str, float]:
+    started = time.perf_counter()
+    try:
+        outcome = "allowed" if limiter.try_acquire(key).allowed else "refused"
+    except rs.BackendError:
+        outcome = "backend-error"
+    return outcome, time.perf_counter() - started
+
+
+@pytest.mark.parametrize("fault", list(FAULTS))
+@pytest.mark.parametrize("mode", ["local", "open", "closed"])
+def test_each_mode_under_each_fault(redis_server: RedisServer, mode: str, fault: str) -> None:
+    """The documented behaviour, bounded latency, and a return to Redis within 2 s."""
+    clock = FakeClock()
+    limiter = _limiter(redis_server, mode, clock)
+    events: list[rs.Event] = []
+    limiter.add_listener(events.append)
+    assert _decide(limiter, "warm")[0] == "allowed"
+    break_it, repair = FAULTS[fault]
+    break_it(redis_server)
+    try:
+        outcomes = []
+        for step in range(30):  # 30 decisions over 300 ms of virtual time
+            outcomes.append(_decide(limiter, f"k{step % 3}"))
+            clock.advance(0.01)
+    finally:
+        repair(redis_server)
+    stats = limiter.statistics()
+    kinds = {outcome for outcome, _ in outcomes}
+    if fault == "script-flush":  # transparent: never a fallback
+        assert kinds == {"allowed"}
+        assert stats["backend_errors"] == 0
+        assert not events
+        return
+    failing = [latency for outcome, latency in outcomes if outcome == "backend-error"]
+    expected = {"local": {"allowed"}, "open": {"allowed"}, "closed": {"backend-error"}}[mode]
+    if fault == "restarted-empty":
+        # only the call on the connection the restart broke fails; the probe reconnects
+        expected = expected | {"allowed"}
+    assert kinds <= expected
+    if fault != "restarted-empty":  # redis-py may reconnect to the new server at once
+        assert stats["backend_errors"] >= 1
+    assert stats["fallback_decisions"] == sum(
+        1 for e in events if isinstance(e, rs.BackendFallback)
+    )
+    assert all(e.mode == mode for e in events if isinstance(e, rs.BackendFallback))
+    # only probing calls touch the broken backend: at most one per probe interval
+    latencies = sorted(latency for _, latency in outcomes)
+    slow = [latency for latency in latencies if latency > 0.01]
+    assert len(slow) <= 4
+    if slow:
+        # a probe costs the timeout, not a multiple of it (the best case shows the
+        # mechanism; the worst case only has to show no hang on a loaded machine)
+        assert min(slow) <= LATENCY_BOUND
+        assert max(slow) <= LATENCY_BOUND + 0.2
+    if mode == "closed" and fault != "restarted-empty":
+        assert failing
+    # back on Redis within 2 s of the repair (virtual time drives the probe schedule):
+    # decide every 50 ms; the probes in that window (at most 1 s apart) must succeed
+    before = limiter.statistics()["round_trips"]
+    back_after = None
+    for step in range(1, 41):
+        clock.advance(0.05)
+        outcome = _decide(limiter, "after")[0]
+        if limiter.statistics()["backend_healthy"]:
+            assert outcome == "allowed"
+            back_after = step * 0.05
+            break
+        assert outcome in expected  # still degraded: the mode still applies
+    assert back_after is not None
+    assert back_after <= 2.0
+    after = limiter.statistics()
+    assert after["round_trips"] > before
+    if fault != "restarted-empty" or after["backend_errors"]:
+        assert after["backend_recoveries"] >= 1
+        assert any(isinstance(e, rs.BackendRecovered) for e in events)
+
+
+def test_local_twin_uses_the_safe_rate(redis_server: RedisServer) -> None:
+    """local_rate sets the twin's rate while Redis is down; decisions stay rate limited."""
+    clock = FakeClock()
+    backend = RedisBackend.from_url(redis_server.url, timeout=TIMEOUT)
+    limiter = rs.RateLimiter("100/s", backend=backend, local_rate="10/s", clock=clock, name="twin")
+    redis_server.kill()
+    admitted = sum(limiter.try_acquire().allowed for _ in range(50))
+    assert admitted == 10  # the twin's burst scales with its rate
+    clock.advance(0.1)
+    assert limiter.try_acquire().allowed
+    assert limiter.statistics()["fallback_decisions"] == 51
+
+
+@pytest.mark.anyio
+async def test_paused_redis_never_hangs_async_callers(redis_server: RedisServer) -> None:
+    """asyncio and trio callers of a paused Redis fall back after about the timeout."""
+    clock = FakeClock()
+    limiter = _limiter(redis_server, "local", clock)
+    assert (await limiter.try_acquire_async("k")).allowed
+    redis_server.pause()
+    try:
+        started = time.perf_counter()
+        decisions = [await limiter.try_acquire_async("k") for _ in range(20)]
+        elapsed = time.perf_counter() - started
+    finally:
+        redis_server.resume()
+    assert all(decisions)
+    assert elapsed < 1.0  # one probe paid the timeout, the others were local
+    assert limiter.statistics()["fallback_decisions"] == 20
+    for _ in range(40):  # back on Redis within 2 s (virtual) of the resume
+        clock.advance(0.05)
+        assert (await limiter.try_acquire_async("k")).allowed
+        if limiter.statistics()["backend_healthy"]:
+            break
+    assert limiter.statistics()["backend_healthy"]
+
+
+@pytest.mark.anyio
+async def test_closed_mode_async_raises_backend_error(redis_server: RedisServer) -> None:
+    """In "closed" mode the async path raises BackendError (cause attached), nothing else."""
+    limiter = _limiter(redis_server, "closed", FakeClock())
+    redis_server.kill()
+    with pytest.raises(rs.BackendError) as info:
+        await limiter.try_acquire_async("k")
+    assert info.value.__cause__ is not None
+    with pytest.raises(rs.BackendError):
+        await limiter.acquire_async("k")

@@ -1,0 +1,50 @@
+"""Window algorithms from limits, in memory, behind the RateLimiter API."""
+
+from __future__ import annotations
+
+import pytest
+
+import resilience as rs
+
+
+@pytest.mark.parametrize("algorithm", ["fixed-window", "moving-window", "sliding-window"])
+def test_window_algorithms_in_memory(algorithm: str) -> None:
+    """Each window admits the rate's amount, then refuses with retry_after within the window."""
+    limiter = rs.RateLimiter("3/min", algorithm=algorithm, key=lambda user: user)
+    guarded = limiter(lambda user: user)
+    assert [guarded("a") for _ in range(3)] == ["a", "a", "a"]
+    with pytest.raises(rs.RateLimited) as info:
+        guarded("a")
+    assert info.value.retry_after is not None
+    assert 0 < info.value.retry_after <= 60
+    assert guarded("b") == "b"
+    assert limiter.try_acquire("c", cost=3).remaining == 0
+    assert limiter.statistics()["algorithm"] == algorithm
+
+
+def test_window_peek_and_cost() -> None:
+    """cost=0 tests without hitting; cost above the amount is refused at once."""
+    limiter = rs.RateLimiter("2/s", algorithm="moving-window")
+    assert limiter.try_acquire(cost=0).remaining == 2
+    assert limiter.try_acquire(cost=2).allowed
+    assert not limiter.try_acquire(cost=0).allowed
+    with pytest.raises(rs.ConfigurationError):
+        limiter.try_acquire(cost=3)
+
+
+def test_window_configuration_errors() -> None:
+    """Windows need whole-second periods and take no separate burst."""
+    with pytest.raises(rs.ConfigurationError, match="whole number of seconds"):
+        rs.RateLimiter("5/250ms", algorithm="fixed-window")
+    with pytest.raises(rs.ConfigurationError, match="burst"):
+        rs.RateLimiter("5/s", burst=10, algorithm="fixed-window")
+
+
+@pytest.mark.anyio
+async def test_window_async_in_memory() -> None:
+    """The async API works with in-memory windows on asyncio and trio."""
+    limiter = rs.RateLimiter("1/min", algorithm="fixed-window")
+    async with limiter:
+        pass
+    with pytest.raises(rs.RateLimited):
+        await limiter.acquire_async()
