@@ -1,0 +1,797 @@
+"""The :class:`CircuitBreaker` policy: thin sync and async shells around :class:`BreakerCore`."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import random
+import time
+from collections.abc import Awaitable, Callable, Hashable
+from contextvars import ContextVar
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast
+
+from .._clock import SYSTEM_CLOCK, Clock
+from .._events import CallRejected
+from .._keyed import BoundedMap
+from .._policy import PolicyBase
+from .._validate import check_callable, check_int, check_number
+from ..errors import ConfigurationError, Rejected
+from ._config import FAILURE, IGNORE, SUCCESS, BreakerConfig, Outcome
+from ._core import BreakerCore, BreakerStatistics, Election, Ticket, _Change
+from ._events import BreakerStateChanged, OutcomeRecorded
+from ._state import CircuitState
+
+if TYPE_CHECKING:
+    from ._shared import SharedState
+
+__all__ = ["CircuitBreaker", "Permit"]
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+def _default_fallback_on() -> tuple[type[BaseException], ...]:
+    from .._timeout import Timeout
+
+    return (Rejected, Timeout)
+
+
+class Permit:
+    """The right to make one call through a breaker: report its outcome exactly once.
+
+    Got from :meth:`CircuitBreaker.acquire_nowait` (or :meth:`~CircuitBreaker.acquire_async`);
+    the low-level seam for transports and middleware that cannot wrap a function.
+    Call exactly one of :meth:`success`, :meth:`failure` or :meth:`ignore`; later calls
+    are no-ops. Durations (for ``slow_call``) run from the acquire, on the breaker's
+    clock. As a context manager it reports the block's outcome on exit: success, or
+    the exception classified like a wrapped call's.
+
+    Example::
+
+        permit = breaker.acquire_nowait(key=host)      # raises rs.CircuitOpen
+        try:
+            response = send(request)
+        except OSError as exc:
+            permit.failure(exc)
+            raise
+        if response.status_code >= 500:
+            permit.failure()
+        else:
+            permit.success()
+    """
+
+    __slots__ = ("_breaker", "_core", "_done", "_start", "_ticket")
+
+    def __init__(
+        self, breaker: CircuitBreaker, core: BreakerCore, ticket: Ticket, start: float
+    ) -> None:
+        self._breaker = breaker
+        self._core = core
+        self._ticket = ticket
+        self._start = start
+        self._done = False
+
+    @property
+    def done(self) -> bool:
+        """Whether the outcome was reported."""
+        return self._done
+
+    def success(self) -> None:
+        """The call succeeded."""
+        if not self._done:
+            self._done = True
+            self._breaker._settle(self._core, self._ticket, SUCCESS, self._start, None)
+
+    def failure(self, exc: BaseException | None = None) -> None:
+        """The call failed (``exc`` matching ``exclude``, or a cancellation, is ignored)."""
+        if not self._done:
+            self._done = True
+            outcome = FAILURE
+            if exc is not None:
+                outcome = self._breaker._config.classify(exc, explicit=True)
+            self._breaker._settle(self._core, self._ticket, outcome, self._start, exc)
+
+    def ignore(self) -> None:
+        """The call counts as neither success nor failure (a half-open probe slot is freed)."""
+        if not self._done:
+            self._done = True
+            self._breaker._settle(self._core, self._ticket, IGNORE, self._start, None)
+
+    def _exit(self, exc: BaseException | None) -> None:
+        if self._done:
+            return
+        if exc is None:
+            self.success()
+            return
+        self._done = True
+        outcome = self._breaker._config.classify(exc)
+        self._breaker._settle(self._core, self._ticket, outcome, self._start, exc)
+
+    def __enter__(self) -> Permit:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._exit(exc)
+
+    async def __aenter__(self) -> Permit:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._exit(exc)
+
+    def __repr__(self) -> str:
+        return f"<Permit {self._breaker.name!r} key={self._core.key!r} done={self._done}>"
+
+
+class CircuitBreaker(PolicyBase):
+    """Stop calling a failing dependency; probe it after a cool-down; degrade meanwhile.
+
+    **Tripping** (any combination; the first condition met opens the breaker):
+
+    * ``failure_rate`` (default 0.5): the share of failures in the sliding window, once
+      it holds ``min_calls`` calls (default ``min(10, window)``). ``None`` disables it.
+    * ``slow_call`` (seconds) with ``slow_call_rate`` (default 1.0): the share of calls
+      slower than ``slow_call``, with the same window and ``min_calls``.
+    * ``consecutive_failures``: that many failures in a row (ignoring the window).
+
+    **Windows**: ``window_type="count"`` (default): the last ``window`` calls (default
+    100); ``window_type="time"``: the calls of the last ``window`` seconds, kept in
+    ``buckets`` buckets (default 10) with O(1) aggregates.
+
+    **Cool-down**: OPEN lasts ``open_for`` seconds (default 30), then the breaker is
+    HALF_OPEN and admits exactly ``half_open_calls`` probes (default 1); it closes if
+    their failure rate (and slow-call rate) stay below the thresholds, else opens
+    again. With ``open_for_max`` each consecutive trip lasts ``open_for × n`` (capped
+    at ``open_for_max``); ``open_for_jitter`` (0..1) shortens each cool-down by a
+    random share of up to that fraction, so a fleet does not probe in lockstep.
+    ``max_half_open_wait``: go back to OPEN if the probes do not finish in time.
+
+    **What counts**: exceptions are failures, except: anything that is not an
+    ``Exception`` (cancellation); ``exclude`` (types or a predicate) counts as neither;
+    :class:`~resilience.Rejected` errors from policies inside this one (rate limits,
+    bulkheads, inner breakers) count as neither unless ``record_rejected=True``; with
+    ``record`` (types or a predicate), only matches are failures, other exceptions are
+    successes. ``record_result`` marks returned values as failures (e.g. HTTP 5xx).
+
+    **Rejecting**: an open breaker raises :class:`~resilience.CircuitOpen` with
+    ``retry_after`` = time until half-open. ``fallback`` (a value, or a callable that
+    receives the exception; sync or async to match the wrapped function) answers
+    instead, with the semantics of :class:`~resilience.Fallback`: on ``fallback_on``
+    (default ``(Rejected, Timeout)``).
+
+    **Keys**: ``key`` (a callable of the call's arguments) gives each key (domain, model
+    tier, tenant) its own breaker in a bounded map: ``max_keys`` (LRU) and ``idle_ttl``
+    seconds (an evicted key comes back CLOSED with a fresh window).
+
+    **Shared state**: ``backend=RedisBackend(...)`` (and a ``name``) shares trips
+    across processes; see :mod:`resilience.breaker` and the guide. ``quorum``: open
+    the fleet only when that many processes report open.
+
+    The breaker never holds a lock while the call runs; in CLOSED the bookkeeping of a
+    success is one atomic counter increment.
+
+    Example::
+
+        breaker = rs.CircuitBreaker(failure_rate=0.5, window=50, open_for=30,
+                                    fallback=lambda exc: "service busy, try later")
+
+        @breaker
+        async def ask(question: str) -> str: ...
+
+        per_host = rs.CircuitBreaker(key=lambda url: urlsplit(url).hostname,
+                                     consecutive_failures=5, failure_rate=None)
+    """
+
+    raises_rejected = True
+
+    def __init__(
+        self,
+        *,
+        failure_rate: float | None = 0.5,
+        window: float = 100,
+        window_type: str = "count",
+        buckets: int = 10,
+        min_calls: int | None = None,
+        slow_call: float | None = None,
+        slow_call_rate: float = 1.0,
+        consecutive_failures: int | None = None,
+        open_for: float = 30.0,
+        open_for_max: float | None = None,
+        open_for_jitter: float = 0.0,
+        half_open_calls: int = 1,
+        max_half_open_wait: float | None = None,
+        record: Any = None,
+        exclude: Any = (),
+        record_result: Callable[[Any], bool] | None = None,
+        record_rejected: bool = False,
+        key: Callable[..., Hashable] | None = None,
+        max_keys: int = 10_000,
+        idle_ttl: float | None = 600.0,
+        backend: Any = None,
+        quorum: int = 1,
+        sync_interval: float = 1.0,
+        fallback: Any = None,
+        fallback_on: Any = None,
+        initial_state: CircuitState = CircuitState.CLOSED,
+        seed: int | None = None,
+        clock: Clock | None = None,
+        name: str | None = None,
+    ) -> None:
+        super().__init__(name=name)
+        self._config = BreakerConfig.build(
+            failure_rate=failure_rate,
+            window=window,
+            window_type=window_type,
+            buckets=buckets,
+            min_calls=min_calls,
+            slow_call=slow_call,
+            slow_call_rate=slow_call_rate,
+            consecutive_failures=consecutive_failures,
+            open_for=open_for,
+            open_for_max=open_for_max,
+            open_for_jitter=open_for_jitter,
+            half_open_calls=half_open_calls,
+            max_half_open_wait=max_half_open_wait,
+            record=record,
+            exclude=exclude,
+            record_result=record_result,
+            record_rejected=record_rejected,
+        )
+        if not isinstance(initial_state, CircuitState):
+            raise ConfigurationError(f"initial_state must be a CircuitState, got {initial_state!r}")
+        check_int("quorum", quorum, minimum=1)
+        check_number("sync_interval", sync_interval, minimum=0.0, strict=True)
+        self._clock: Clock = clock if clock is not None else SYSTEM_CLOCK
+        # The system clock's monotonic() is time.monotonic: call the C function directly.
+        self._now = time.monotonic if self._clock is SYSTEM_CLOCK else self._clock.monotonic
+        self._timed = self._config.timed
+        self._judge = self._config.record_result
+        # Untimed and no result predicate: a success is one counter tick (see call()).
+        self._plain = not self._timed and self._judge is None
+        self._draw = random.Random(seed).random if seed is not None else random.random
+        self._default_state = initial_state
+        self._entered: ContextVar[tuple[Permit, ...]] = ContextVar(
+            f"resilience_breaker_{id(self):x}", default=()
+        )
+
+        from ..backends import MemoryBackend  # no redis import: that is lazy too
+
+        self._shared: SharedState | None = None
+        if backend is not None and _is_redis_backend(backend):
+            if name is None:
+                raise ConfigurationError(
+                    "a breaker with a shared backend needs a name= (the fleet-wide identity)"
+                )
+            from ._shared import SharedState
+
+            self._shared = SharedState(backend, self, quorum=quorum, sync_interval=sync_interval)
+        elif backend is not None and not isinstance(backend, MemoryBackend):
+            raise ConfigurationError(
+                f"backend must be a RedisBackend, a MemoryBackend or None, got {backend!r}"
+            )
+
+        user_key = check_callable("key", key)
+        self._keyfn: Callable[..., Hashable] | None = None
+        self._cores: BoundedMap[Hashable, BreakerCore] | None = None
+        self._core: BreakerCore | None = None
+        if user_key is None:
+            self._core = self._new_core(None)
+        else:
+            if self._shared is not None:
+                self._keyfn = lambda *args, **kwargs: str(user_key(*args, **kwargs))
+            else:
+                self._keyfn = user_key
+            self._cores = BoundedMap(
+                self._new_core, max_keys=max_keys, idle_ttl=idle_ttl, clock=self._clock
+            )
+
+        self._fallback: Any = None
+        if fallback is not None:
+            from .._fallback import Fallback
+
+            on = fallback_on if fallback_on is not None else _default_fallback_on()
+            self._fallback = Fallback(fallback, on=on, name=self.name)
+            self._fallback._listeners = self._listeners  # one list: our listeners see it
+            self.call = self._call_with_fallback  # type: ignore[method-assign]
+            self.call_async = self._call_async_with_fallback  # type: ignore[method-assign]
+        elif fallback_on is not None:
+            raise ConfigurationError("fallback_on needs a fallback=")
+        if self._shared is not None:
+            self._shared.start()
+
+    # ----------------------------------------------------------------- cores
+
+    def _new_core(self, key: Hashable) -> BreakerCore:
+        label = repr(self.name) if key is None else f"{self.name!r}[{key!r}]"
+        return BreakerCore(
+            self._config,
+            key=key,
+            owner=self,
+            now=self._now(),
+            state=self._default_state,
+            draw=self._draw,
+            label=label,
+            elect=None if self._shared is None else self._shared.reachable,
+        )
+
+    def _core_for(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> BreakerCore:
+        assert self._cores is not None
+        assert self._keyfn is not None
+        return self._cores.get(self._keyfn(*args, **kwargs))
+
+    def _core_of(self, key: Hashable) -> BreakerCore:
+        if self._cores is None:
+            if key is not None:
+                raise TypeError(f"{self!r} is not keyed: call it without key=")
+            assert self._core is not None
+            return self._core
+        if key is None:
+            raise TypeError(f"{self!r} is keyed: pass key=")
+        if self._shared is not None:
+            key = str(key)
+        return self._cores.get(key)
+
+    def _peek(self, key: Hashable) -> BreakerCore | None:
+        if self._cores is None:
+            return self._core_of(key)
+        if key is None:
+            raise TypeError(f"{self!r} is keyed: pass key=")
+        return self._cores.peek(str(key) if self._shared is not None else key)
+
+    # ----------------------------------------------------------------- reports from cores
+
+    def _transitioned(self, core: BreakerCore, change: _Change, now: float) -> None:
+        old, new, reason, open_for = change
+        if self._observed:
+            self._emit(
+                BreakerStateChanged(
+                    policy=self.name,
+                    key=None if core.key is None else str(core.key),
+                    old=old.value,
+                    new=new.value,
+                    reason=reason,
+                    open_for=open_for,
+                )
+            )
+        if self._shared is not None:
+            self._shared.local_change(core.key, new, reason, open_for)
+
+    def _rejected(self, core: BreakerCore, retry_after: float | None) -> None:
+        if self._observed:
+            key = None if core.key is None else str(core.key)
+            self._emit(CallRejected(policy=self.name, key=key, retry_after=retry_after))
+
+    # ----------------------------------------------------------------- outcomes
+
+    def _settle(
+        self,
+        core: BreakerCore,
+        ticket: Ticket,
+        outcome: Outcome,
+        start: float,
+        exc: BaseException | None,
+    ) -> None:
+        now = self._now()
+        duration = now - start if self._timed else None
+        if outcome is SUCCESS and (
+            ticket.quick_success_at(now, start) if self._timed else ticket.quick_success()
+        ):
+            return
+        if self._observed and core.state is not CircuitState.DISABLED:
+            slow = duration is not None and duration > self._config.slow_after
+            if outcome is not SUCCESS or slow or ticket is not core.fast:
+                self._emit(
+                    OutcomeRecorded(
+                        policy=self.name,
+                        key=None if core.key is None else str(core.key),
+                        outcome=outcome,
+                        slow=slow,
+                        duration=duration,
+                        exception=exc,
+                    )
+                )
+        core.settle(ticket, outcome, now, duration)
+
+    def _failed(self, core: BreakerCore, ticket: Ticket, exc: BaseException, start: float) -> None:
+        self._settle(core, ticket, self._config.classify(exc), start, exc)
+
+    def _succeeded(self, core: BreakerCore, ticket: Ticket, result: object, start: float) -> None:
+        outcome = SUCCESS if self._judge is None else self._config.judge(result)
+        self._settle(core, ticket, outcome, start, None)
+
+    # ----------------------------------------------------------------- admission
+
+    def _elect(self, core: BreakerCore, election: Election) -> Ticket:
+        shared = self._shared
+        assert shared is not None
+        ticket: Ticket | Election = election
+        while isinstance(ticket, Election):  # again only if the breaker moved on meanwhile
+            won, wait = shared.elect(core.key)
+            ticket = core.elected(ticket, self._now(), won, wait)
+        return ticket
+
+    async def _elect_async(self, core: BreakerCore, election: Election) -> Ticket:
+        shared = self._shared
+        assert shared is not None
+        ticket: Ticket | Election = election
+        while isinstance(ticket, Election):
+            won, wait = await shared.elect_async(core.key)
+            ticket = core.elected(ticket, self._now(), won, wait)
+        return ticket
+
+    def acquire_nowait(self, key: Hashable = None) -> Permit:
+        """Admit one call now, or raise :class:`~resilience.CircuitOpen`; see :class:`Permit`.
+
+        For a shared breaker the first half-open probe may take one Redis round trip
+        (bounded by the backend timeout) to win the fleet-wide probe.
+
+        Example::
+
+            with breaker.acquire_nowait(key="api.example.com"):
+                send(request)          # an exception is classified and recorded
+        """
+        core = self._core_of(key)
+        ticket = core.acquire(self._now())
+        if isinstance(ticket, Election):
+            ticket = self._elect(core, ticket)
+        return Permit(self, core, ticket, self._now() if self._timed else 0.0)
+
+    async def acquire_async(self, key: Hashable = None) -> Permit:
+        """Like :meth:`acquire_nowait`, awaiting the fleet election (if any) without blocking.
+
+        Example::
+
+            async with await breaker.acquire_async(key=host):
+                await send(request)
+        """
+        core = self._core_of(key)
+        ticket = core.acquire(self._now())
+        if isinstance(ticket, Election):
+            ticket = await self._elect_async(core, ticket)
+        return Permit(self, core, ticket, self._now() if self._timed else 0.0)
+
+    # ----------------------------------------------------------------- the shells
+
+    # The happy path (an admitting breaker, no clock needed) is written out in call(),
+    # call_async() and the two wrappers of __call__(), which saves a Python frame (a
+    # coroutine, for async) per call; everything else goes through _guarded().
+
+    def call(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+        """Run ``fn(*args, **kwargs)`` through the breaker (raises CircuitOpen when open)."""
+        core = self._core or self._core_for(args, kwargs)
+        ticket = core.fast
+        if ticket is None or not self._plain:
+            return self._guarded(core, fn, args, kwargs)
+        try:
+            result = fn(*args, **kwargs)
+        except BaseException as exc:
+            self._failed(core, ticket, exc, 0.0)
+            raise
+        if ticket.pending:
+            self._succeeded(core, ticket, result, 0.0)
+        else:
+            ticket.tick()
+        return result
+
+    def _guarded(
+        self, core: BreakerCore, fn: Callable[..., T], args: tuple[Any, ...], kwargs: Any
+    ) -> T:
+        ticket = core.fast or core.acquire(self._now())
+        if isinstance(ticket, Election):
+            ticket = self._elect(core, ticket)
+        start = self._now() if self._timed else 0.0
+        try:
+            result = fn(*args, **kwargs)
+        except BaseException as exc:
+            self._failed(core, ticket, exc, start)
+            raise
+        self._succeeded(core, ticket, result, start)
+        return result
+
+    async def call_async(self, fn: Callable[..., Awaitable[T]], /, *args: Any, **kwargs: Any) -> T:
+        """Run ``await fn(*args, **kwargs)`` through the breaker (asyncio or trio)."""
+        core = self._core or self._core_for(args, kwargs)
+        ticket = core.fast
+        if ticket is None or not self._plain:
+            return await self._guarded_async(core, fn, args, kwargs)
+        try:
+            result = await fn(*args, **kwargs)
+        except BaseException as exc:
+            self._failed(core, ticket, exc, 0.0)
+            raise
+        if ticket.pending:
+            self._succeeded(core, ticket, result, 0.0)
+        else:
+            ticket.tick()
+        return result
+
+    async def _guarded_async(
+        self,
+        core: BreakerCore,
+        fn: Callable[..., Awaitable[T]],
+        args: tuple[Any, ...],
+        kwargs: Any,
+    ) -> T:
+        ticket = core.fast or core.acquire(self._now())
+        if isinstance(ticket, Election):
+            ticket = await self._elect_async(core, ticket)
+        start = self._now() if self._timed else 0.0
+        try:
+            result = await fn(*args, **kwargs)
+        except BaseException as exc:
+            self._failed(core, ticket, exc, start)
+            raise
+        self._succeeded(core, ticket, result, start)
+        return result
+
+    def __call__(self, fn: Callable[P, T]) -> Callable[P, T]:
+        """Decorate ``fn`` (``def`` or ``async def``, function or method).
+
+        Example::
+
+            @rs.CircuitBreaker(failure_rate=0.5, open_for=30)
+            async def fetch(url: str) -> bytes: ...
+        """
+        if (
+            not self._plain
+            or self._fallback is not None
+            or not inspect.isfunction(fn)
+            or inspect.isasyncgenfunction(fn)
+        ):
+            return super().__call__(fn)
+        fixed, core_for = self._core, self._core_for
+        failed, succeeded = self._failed, self._succeeded
+
+        if inspect.iscoroutinefunction(fn):
+            guarded_async = self._guarded_async
+
+            @functools.wraps(fn)
+            async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+                core = fixed or core_for(args, kwargs)
+                ticket = core.fast
+                if ticket is None:
+                    return await guarded_async(core, fn, args, kwargs)
+                try:
+                    result = await fn(*args, **kwargs)
+                except BaseException as exc:
+                    failed(core, ticket, exc, 0.0)
+                    raise
+                if ticket.pending:
+                    succeeded(core, ticket, result, 0.0)
+                else:
+                    ticket.tick()
+                return result
+
+            return cast(Callable[P, T], async_wrapper)
+
+        guarded = self._guarded
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            core = fixed or core_for(args, kwargs)
+            ticket = core.fast
+            if ticket is None:
+                return guarded(core, fn, args, kwargs)
+            try:
+                result = fn(*args, **kwargs)
+            except BaseException as exc:
+                failed(core, ticket, exc, 0.0)
+                raise
+            if ticket.pending:
+                succeeded(core, ticket, result, 0.0)
+            else:
+                ticket.tick()
+            return result
+
+        return cast(Callable[P, T], wrapper)
+
+    def _call_with_fallback(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+        return self._fallback.call(CircuitBreaker.call, self, fn, *args, **kwargs)  # type: ignore[no-any-return]
+
+    async def _call_async_with_fallback(
+        self, fn: Callable[..., Awaitable[T]], /, *args: Any, **kwargs: Any
+    ) -> T:
+        return await self._fallback.call_async(  # type: ignore[no-any-return]
+            CircuitBreaker.call_async, self, fn, *args, **kwargs
+        )
+
+    # ----------------------------------------------------------------- with / async with
+
+    def _enter(self, permit: Permit) -> None:
+        self._entered.set((*self._entered.get(), permit))
+
+    def _leave(self) -> Permit:
+        stack = self._entered.get()
+        if not stack:
+            raise RuntimeError(f"{self!r}: exit without a matching enter")
+        self._entered.set(stack[:-1])
+        return stack[-1]
+
+    def __enter__(self) -> CircuitBreaker:
+        self._enter(self.acquire_nowait())
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._leave()._exit(exc)
+
+    async def __aenter__(self) -> CircuitBreaker:
+        self._enter(await self.acquire_async())
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._leave()._exit(exc)
+
+    # ----------------------------------------------------------------- state and control
+
+    @property
+    def keyed(self) -> bool:
+        """Whether this breaker keeps one state per key."""
+        return self._cores is not None
+
+    @property
+    def config(self) -> BreakerConfig:
+        """The validated configuration (shared by every key)."""
+        return self._config
+
+    @property
+    def state(self) -> CircuitState:
+        """The state of an unkeyed breaker now (use :meth:`state_of` for a keyed one).
+
+        Example: ``if breaker.state is rs.CircuitState.OPEN: ...``
+        """
+        if self._core is None:
+            raise TypeError(f"{self!r} is keyed: use state_of(key) or states()")
+        return self._core.state_at(self._now())
+
+    def state_of(self, key: Hashable = None) -> CircuitState:
+        """The state of ``key``'s breaker (CLOSED for a key never seen or evicted).
+
+        Example: ``breaker.state_of("api.example.com")``
+        """
+        core = self._peek(key)
+        if core is None:
+            return self._default_state
+        return core.state_at(self._now())
+
+    def states(self) -> dict[Hashable, CircuitState]:
+        """Every key's state (``{None: state}`` when unkeyed), for health checks.
+
+        Example::
+
+            unhealthy = [k for k, s in breaker.states().items() if s is not rs.CircuitState.CLOSED]
+        """
+        now = self._now()
+        if self._cores is None:
+            assert self._core is not None
+            return {None: self._core.state_at(now)}
+        return {key: core.state_at(now) for key, core in self._cores.items()}
+
+    def statistics(self, key: Hashable = None) -> BreakerStatistics:
+        """A snapshot of ``key``'s breaker (window counts, rates, counters).
+
+        Example::
+
+            stats = breaker.statistics()
+            print(stats.state, stats.failure_rate, stats.rejected)
+        """
+        core = self._peek(key)
+        if core is None:
+            core = self._new_core(key)  # what a fresh key looks like; not stored
+        return core.statistics(self._now())
+
+    def _targets(self, key: Hashable, *, sticky: CircuitState | None) -> list[BreakerCore]:
+        if self._cores is None or key is not None:
+            return [self._core_of(key)]
+        if sticky is not None:
+            self._default_state = sticky
+        return [core for _, core in self._cores.items()]
+
+    def open(self, key: Hashable = None, *, seconds: float | None = None) -> None:
+        """Open the breaker now for ``seconds`` (default ``open_for``); then half-open.
+
+        On a keyed breaker without ``key``: every current key.
+
+        Example: ``breaker.open(seconds=60)``
+        """
+        if seconds is not None:
+            seconds = check_number("seconds", seconds, minimum=0.0)
+        now = self._now()
+        for core in self._targets(key, sticky=None):
+            core.transition(CircuitState.OPEN, now, seconds=seconds)
+
+    def close(self, key: Hashable = None) -> None:
+        """Close the breaker with a fresh window (also ends FORCED_OPEN, DISABLED, ...).
+
+        On a keyed breaker without ``key``: every key, and new keys start CLOSED.
+
+        Example: ``breaker.close()``
+        """
+        self._set(CircuitState.CLOSED, key)
+
+    def force_open(self, key: Hashable = None) -> None:
+        """Reject every call until :meth:`close` (a manual kill switch).
+
+        On a keyed breaker without ``key``: every key, including new ones.
+
+        Example: ``breaker.force_open()``
+        """
+        self._set(CircuitState.FORCED_OPEN, key)
+
+    def disable(self, key: Hashable = None) -> None:
+        """Let every call through and record nothing, until :meth:`close`.
+
+        Example: ``breaker.disable()``
+        """
+        self._set(CircuitState.DISABLED, key)
+
+    def metrics_only(self, key: Hashable = None) -> None:
+        """Record every call but never trip (shadow mode), until :meth:`close`.
+
+        Example: ``breaker.metrics_only(); ...; print(breaker.statistics().failure_rate)``
+        """
+        self._set(CircuitState.METRICS_ONLY, key)
+
+    def _set(self, target: CircuitState, key: Hashable) -> None:
+        now = self._now()
+        for core in self._targets(key, sticky=target):
+            core.transition(target, now)
+
+    # ----------------------------------------------------------------- shared state hooks
+
+    def _apply_remote(self, key: str | None, op: str, seconds: float) -> None:
+        """Apply a signal from another process (called by the shared-state thread)."""
+        now = self._now()
+        if self._cores is None:
+            core = self._core
+        elif key is None:
+            return
+        elif op == "open":
+            core = self._cores.get(key)
+        else:
+            core = self._cores.peek(key)
+        if core is None:
+            return
+        if op == "open":
+            core.remote_open(now, seconds)
+        elif op == "close":
+            core.remote_close(now)
+
+    def _local_keys(self) -> list[Hashable]:
+        if self._cores is None:
+            return [None]
+        return [key for key, _ in self._cores.items()]
+
+    @property
+    def shared(self) -> SharedState | None:
+        """The shared state (Redis) of this breaker, or ``None``."""
+        return self._shared
+
+    def __repr__(self) -> str:
+        return f"<CircuitBreaker {self.name!r}>"
+
+
+def _is_redis_backend(backend: Any) -> bool:
+    return (
+        hasattr(backend, "script") and hasattr(backend, "key") and hasattr(backend, "sync_client")
+    )

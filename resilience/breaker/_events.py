@@ -1,0 +1,53 @@
+"""Events specific to circuit breakers (on top of :mod:`resilience._events`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .._events import Event, StateChanged
+
+__all__ = ["BreakerStateChanged", "OutcomeRecorded"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BreakerStateChanged(StateChanged):
+    """A breaker moved from ``old`` to ``new`` (a :class:`~resilience.StateChanged`).
+
+    ``reason`` says why: ``"failure_rate"``, ``"slow_call_rate"``,
+    ``"consecutive_failures"``, ``"cool_down"`` (OPEN to HALF_OPEN), ``"probes_failed"``,
+    ``"probes_succeeded"``, ``"half_open_timeout"``, ``"manual"``, ``"remote"`` (another
+    process, through shared state) or ``"fleet_probe"`` (another process won the
+    half-open probe). ``open_for`` is the cool-down when ``new`` is ``"open"``.
+
+    Example::
+
+        @breaker.add_listener
+        def page(event):
+            if isinstance(event, BreakerStateChanged) and event.new == "open":
+                alert(f"{event.policy}[{event.key}] opened: {event.reason}")
+    """
+
+    reason: str = ""
+    open_for: float | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OutcomeRecorded(Event):
+    """A breaker recorded a call outcome other than a plain, fast success.
+
+    ``outcome`` is ``"success"``, ``"failure"`` or ``"ignored"``; ``slow`` tells whether
+    the call was slower than ``slow_call``; ``duration`` is ``None`` when the breaker
+    does not time calls. Plain successes in the CLOSED state are not reported, to keep
+    the happy path free (``statistics()`` counts them); slow successes, failures,
+    ignored outcomes and every half-open probe outcome are.
+
+    Example::
+
+        breaker.add_listener(lambda e: print(e.outcome, e.exception)
+                             if isinstance(e, OutcomeRecorded) else None)
+    """
+
+    outcome: str
+    slow: bool = False
+    duration: float | None = None
+    exception: BaseException | None = None

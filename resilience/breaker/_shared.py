@@ -1,0 +1,475 @@
+"""Shared breaker state across processes through Redis: advisory, cheap, never in the way.
+
+The rules:
+
+* **The local breaker stays authoritative for its own traffic.** The CLOSED happy path
+  sends no Redis command at all.
+* **Trips are broadcast.** When a process's breaker opens, a background thread runs
+  one Lua script: ``SET`` an open signal with a TTL (the cool-down), index it, and
+  ``PUBLISH`` it. Every other process hears it on its subscriber thread and opens
+  its own breaker for the rest of that TTL. A cached read of the index every
+  ``sync_interval`` seconds (off the call path) catches a missed message.
+* **One probe fleet-wide.** When a process's cool-down ends, the first call that would
+  probe wins the probe with ``SET NX PX`` (one round trip, once per cool-down); the
+  losers stay OPEN until the winner shares its outcome: a ``close`` message (the
+  probes passed: everybody closes) or a new open signal (they failed).
+* **Quorum** (``quorum=M``): a trip only opens the fleet once ``M`` processes report
+  open within the cool-down; until then each process's own breaker decides alone.
+* **Redis down**: the subscriber notices, elections stop, every process keeps its
+  local breaker; nothing in the call path waits on Redis (a publish is a queue put;
+  an election is bounded by the backend timeout and skipped while Redis is down).
+
+Keys (all of one breaker share one Redis Cluster hash tag)::
+
+    {prefix}:{cb:<name>}:<key>:open      the open signal (value: origin), PX = cool-down
+    {prefix}:{cb:<name>}:<key>:probe     the fleet probe lease (SET NX PX)
+    {prefix}:{cb:<name>}:<key>:reports   quorum reports (ZSET origin -> expiry)
+    {prefix}:{cb:<name>}:index           open keys (ZSET key -> expiry), for the cached read
+    channel {prefix}:cb:events           JSON messages {op, name, key, ttl, origin}
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import queue
+import threading
+import time
+import uuid
+import weakref
+from collections.abc import Callable, Hashable
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from ..backends._failover import Failover
+from ..errors import BackendError
+from ._state import CircuitState
+
+if TYPE_CHECKING:
+    from ._breaker import CircuitBreaker
+
+__all__ = ["SharedState"]
+
+logger = logging.getLogger("resilience.breaker")
+
+_TRIP = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local ttl = tonumber(ARGV[1])
+local quorum = tonumber(ARGV[3])
+redis.call('DEL', KEYS[4])
+local reports = 1
+if quorum > 1 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
+  redis.call('ZADD', KEYS[3], now + ttl, ARGV[2])
+  redis.call('PEXPIRE', KEYS[3], ttl)
+  reports = redis.call('ZCARD', KEYS[3])
+  if reports < quorum then return {0, reports} end
+end
+if redis.call('PTTL', KEYS[1]) < ttl then
+  redis.call('SET', KEYS[1], ARGV[2], 'PX', ttl)
+end
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+local score = tonumber(redis.call('ZSCORE', KEYS[2], ARGV[4]) or '0')
+if score < now + ttl then redis.call('ZADD', KEYS[2], now + ttl, ARGV[4]) end
+if redis.call('PTTL', KEYS[2]) < ttl then redis.call('PEXPIRE', KEYS[2], ttl) end
+redis.call('PUBLISH', ARGV[5], ARGV[6])
+return {1, reports}
+"""
+
+_CLOSE = """
+redis.call('DEL', KEYS[1], KEYS[3], KEYS[4])
+redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('PUBLISH', ARGV[2], ARGV[3])
+return 1
+"""
+
+_ELECT = """
+local signal = redis.call('GET', KEYS[2])
+if signal and signal ~= ARGV[1] then
+  local left = redis.call('PTTL', KEYS[2])
+  if left > 0 then return {0, left} end
+end
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return {1, 0} end
+if redis.call('GET', KEYS[1]) == ARGV[1] then return {1, 0} end
+return {0, redis.call('PTTL', KEYS[1])}
+"""
+
+_POLL = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+local entries = redis.call('ZRANGEBYSCORE', KEYS[1], now, '+inf', 'WITHSCORES')
+local out = {}
+for i = 1, #entries, 2 do
+  out[#out + 1] = entries[i]
+  out[#out + 1] = tonumber(entries[i + 1]) - now
+end
+return out
+"""
+
+
+def _safe(part: str) -> str:
+    if len(part) <= 64 and part.replace("-", "").replace("_", "").replace(".", "").isalnum():
+        return part
+    return "#" + hashlib.blake2b(part.encode("utf-8", "surrogatepass"), digest_size=12).hexdigest()
+
+
+class _Hub:
+    """One per backend per process: the subscriber thread, the publisher thread."""
+
+    _hubs: ClassVar[weakref.WeakKeyDictionary[Any, _Hub]] = weakref.WeakKeyDictionary()
+    _hubs_lock: ClassVar[threading.Lock] = threading.Lock()
+
+    @classmethod
+    def for_backend(cls, backend: Any) -> _Hub:
+        with cls._hubs_lock:
+            hub = cls._hubs.get(backend)
+            if hub is None or hub.stopped:
+                hub = cls(backend)
+                cls._hubs[backend] = hub
+            return hub
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+        #: This process's identity on the channel (messages from it are skipped).
+        self.origin = uuid.uuid4().hex
+        self.channel = f"{backend.prefix}:cb:events"
+        self.connected = False
+        self.stopped = False
+        self._members: dict[str, weakref.ref[SharedState]] = {}
+        self._lock = threading.Lock()
+        self._jobs: queue.SimpleQueue[Callable[[], object] | None] = queue.SimpleQueue()
+        self._stop = threading.Event()
+        self._subscriber: threading.Thread | None = None
+        self._publisher: threading.Thread | None = None
+        self._next_poll = 0.0
+        self.interval = 1.0
+
+    # ---------------------------------------------------------------- membership
+
+    def register(self, shared: SharedState) -> None:
+        with self._lock:
+            self._members[shared.name] = weakref.ref(shared)
+            self.interval = min(
+                (m.sync_interval for m in self._live() if m is not None), default=1.0
+            )
+            if self._subscriber is None:
+                self._subscriber = threading.Thread(
+                    target=self._subscribe_loop, name="resilience-breaker-sub", daemon=True
+                )
+                self._publisher = threading.Thread(
+                    target=self._publish_loop, name="resilience-breaker-pub", daemon=True
+                )
+                self._subscriber.start()
+                self._publisher.start()
+
+    def unregister(self, shared: SharedState) -> None:
+        with self._lock:
+            ref = self._members.get(shared.name)
+            if ref is not None and ref() in (shared, None):
+                del self._members[shared.name]
+            empty = not self._members
+        if empty:
+            self.stop()
+
+    def _live(self) -> list[SharedState]:
+        return [m for m in (ref() for ref in list(self._members.values())) if m is not None]
+
+    def stop(self, timeout: float = 2.0) -> None:
+        """Stop both threads (they exit within about 0.1 s)."""
+        self.stopped = True
+        self._stop.set()
+        self._jobs.put(None)
+        for thread in (self._subscriber, self._publisher):
+            if thread is not None and thread is not threading.current_thread():
+                thread.join(timeout)
+
+    # ---------------------------------------------------------------- publishing
+
+    def submit(self, job: Callable[[], object]) -> None:
+        """Run ``job`` on the publisher thread (never blocks the caller)."""
+        if not self.stopped:
+            self._jobs.put(job)
+
+    def _publish_loop(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None or self._stop.is_set():
+                return
+            try:
+                job()
+            except Exception:  # pragma: no cover - jobs report their own errors
+                logger.warning("resilience: breaker publish failed", exc_info=True)
+
+    # ---------------------------------------------------------------- subscribing
+
+    def _subscribe_loop(self) -> None:
+        backoff = 0.05
+        while not self._stop.is_set():
+            pubsub = None
+            try:
+                pubsub = self.backend.sync_client.pubsub(ignore_subscribe_messages=True)
+                pubsub.subscribe(self.channel)
+                self._poll_all()  # catch up on what was missed while away
+                self._set_connected(True, None)
+                backoff = 0.05
+                while not self._stop.is_set():
+                    message = pubsub.get_message(timeout=0.1)
+                    if message is not None and message.get("type") == "message":
+                        self._dispatch(message["data"])
+                    if time.monotonic() >= self._next_poll:
+                        self._poll_all()
+            except Exception as exc:
+                self._set_connected(False, exc)
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 1.0)
+            finally:
+                if pubsub is not None:
+                    try:
+                        pubsub.close()
+                    except Exception:  # pragma: no cover - best effort
+                        pass
+
+    def _set_connected(self, connected: bool, error: BaseException | None) -> None:
+        if connected == self.connected:
+            return
+        self.connected = connected
+        for member in self._live():
+            member._connection_changed(connected, error)
+
+    def _dispatch(self, data: Any) -> None:
+        try:
+            message = json.loads(data)
+            if message.get("origin") == self.origin:
+                return
+            ref = self._members.get(message["name"])
+            member = ref() if ref is not None else None
+            if member is not None:
+                member._remote(message["op"], message.get("key"), float(message.get("ttl", 0)))
+        except Exception:
+            logger.warning("resilience: bad breaker message %r", data, exc_info=True)
+
+    def _poll_all(self) -> None:
+        self._next_poll = time.monotonic() + self.interval
+        members = self._live()
+        if not members:  # every breaker of this backend is gone
+            self.stopped = True
+            self._stop.set()
+            self._jobs.put(None)
+            return
+        for member in members:
+            member._poll()
+
+
+class SharedState:
+    """The advisory Redis shared state of one :class:`~resilience.CircuitBreaker`.
+
+    Built by the breaker when given ``backend=RedisBackend(...)`` and a ``name``; the
+    name is the breaker's identity across the fleet. See :mod:`resilience.breaker`
+    (module ``_shared``) for the protocol. Counters for dashboards are in
+    :meth:`statistics`.
+
+    Example::
+
+        backend = rs.backends.RedisBackend.from_url("redis://localhost:6379/0")
+        breaker = rs.CircuitBreaker(name="llm", backend=backend, quorum=2)
+        breaker.shared.statistics()   # {'backend_healthy': True, 'published': 0, ...}
+    """
+
+    def __init__(
+        self,
+        backend: Any,
+        breaker: CircuitBreaker,
+        *,
+        quorum: int = 1,
+        sync_interval: float = 1.0,
+    ) -> None:
+        self.backend = backend
+        self.name = breaker.name
+        self.quorum = quorum
+        self.sync_interval = sync_interval
+        config = breaker.config
+        lease = config.max_half_open_wait or max(config.open_for, 1.0)
+        #: How long the winner of the fleet probe holds it (ms) before others may try.
+        self.lease_ms = max(1, int(lease * 1000))
+        self._breaker = weakref.ref(breaker)
+        self._failover = Failover("local", owner=breaker, clock=breaker._clock)
+        self._trip = backend.script(_TRIP)
+        self._close = backend.script(_CLOSE)
+        self._elect = backend.script(_ELECT)
+        self._poll_script = backend.script(_POLL)
+        self._tag = backend.key("cb", _safe(self.name))
+        self._index = self._tag + ":index"
+        self._hub = _Hub.for_backend(backend)
+        #: Messages sent / applied, and fleet elections won / lost.
+        self.published = 0
+        self.applied = 0
+        self.won = 0
+        self.lost = 0
+
+    def start(self) -> None:
+        """Join the fleet: start (or share) the subscriber and publisher threads."""
+        self._hub.register(self)
+
+    def close(self) -> None:
+        """Leave the fleet; the threads stop when no breaker of this backend remains.
+
+        Example: ``breaker.shared.close()``
+        """
+        self._hub.unregister(self)
+
+    @property
+    def origin(self) -> str:
+        """This process's identity in the fleet."""
+        return self._hub.origin
+
+    @property
+    def connected(self) -> bool:
+        """Whether the subscriber is connected to Redis."""
+        return self._hub.connected
+
+    def reachable(self) -> bool:
+        """Whether the half-open election may use Redis now (connected, not backing off)."""
+        return self._hub.connected and self._failover.use_backend()
+
+    def _keys(self, key: Hashable) -> list[str]:
+        base = f"{self._tag}:{_safe('' if key is None else str(key))}"
+        return [base + ":open", self._index, base + ":reports", base + ":probe"]
+
+    # ---------------------------------------------------------------- outbound
+
+    def local_change(
+        self, key: Hashable, new: CircuitState, reason: str, open_for: float | None
+    ) -> None:
+        """The local breaker moved; tell the fleet (queued, never blocks)."""
+        if reason in ("remote", "fleet_probe", "initial", "cool_down"):
+            return
+        wire = None if key is None else str(key)
+        if new is CircuitState.OPEN and open_for is not None:
+            ttl = max(1, int(open_for * 1000))
+            self._hub.submit(lambda: self._publish_open(wire, ttl))
+        elif new is CircuitState.CLOSED and reason in ("probes_succeeded", "manual"):
+            self._hub.submit(lambda: self._publish_close(wire))
+
+    def _message(self, op: str, key: str | None, ttl: int = 0) -> str:
+        return json.dumps(
+            {"op": op, "name": self.name, "key": key, "ttl": ttl, "origin": self._hub.origin}
+        )
+
+    def _publish_open(self, key: str | None, ttl: int) -> None:
+        args = [ttl, self._hub.origin, self.quorum, key or "", self._hub.channel]
+        self._run(self._trip, self._keys(key), [*args, self._message("open", key, ttl)])
+
+    def _publish_close(self, key: str | None) -> None:
+        args = [key or "", self._hub.channel, self._message("close", key)]
+        self._run(self._close, self._keys(key), args)
+
+    def _failed(self, exc: Exception, key: Hashable = None) -> None:
+        if not isinstance(exc, BackendError):  # a client bug must not escape either
+            logger.warning("resilience: unexpected Redis client error", exc_info=exc)
+            wrapped = BackendError(f"redis client failed: {exc!r}")
+            wrapped.__cause__ = exc
+            exc = wrapped
+        self._failover.failed(exc, key)
+
+    def _run(self, script: Any, keys: list[str], args: list[Any]) -> Any:
+        try:
+            result = script.run(keys, args)
+        except Exception as exc:
+            self._failed(exc)
+            return None
+        self._failover.succeeded()
+        self.published += 1
+        return result
+
+    # ---------------------------------------------------------------- election
+
+    def _elect_keys(self, key: Hashable) -> list[str]:
+        keys = self._keys(key)
+        return [keys[3], keys[0]]
+
+    def _election(self, raw: Any) -> tuple[bool, float]:
+        won, wait = bool(int(raw[0])), max(0, int(raw[1])) / 1000.0
+        if won:
+            self.won += 1
+        else:
+            self.lost += 1
+        return won, wait
+
+    def elect(self, key: Hashable) -> tuple[bool, float]:
+        """Try to win the fleet-wide half-open probe: ``(won, seconds to wait if lost)``.
+
+        Redis errors count as a win: without Redis, the local breaker decides.
+        """
+        try:
+            raw = self._elect.run(self._elect_keys(key), [self._hub.origin, self.lease_ms])
+        except Exception as exc:
+            self._failed(exc, key)
+            return True, 0.0
+        self._failover.succeeded()
+        return self._election(raw)
+
+    async def elect_async(self, key: Hashable) -> tuple[bool, float]:
+        """:meth:`elect` for async callers (asyncio client, or a worker thread on trio)."""
+        try:
+            raw = await self._elect.run_async(
+                self._elect_keys(key), [self._hub.origin, self.lease_ms]
+            )
+        except Exception as exc:
+            self._failed(exc, key)
+            return True, 0.0
+        self._failover.succeeded()
+        return self._election(raw)
+
+    # ---------------------------------------------------------------- inbound (hub thread)
+
+    def _remote(self, op: str, key: str | None, ttl_ms: float) -> None:
+        breaker = self._breaker()
+        if breaker is None:
+            return
+        self.applied += 1
+        breaker._apply_remote(key, op, ttl_ms / 1000.0)
+
+    def _poll(self) -> None:
+        breaker = self._breaker()
+        if breaker is None:
+            return
+        try:
+            raw = self._poll_script.run([self._index], [])
+        except Exception as exc:
+            self._failed(exc)
+            raise
+        self._failover.succeeded()
+        for index in range(0, len(raw), 2):
+            member = raw[index]
+            wire = member.decode() if isinstance(member, bytes) else str(member)
+            key = wire if breaker.keyed else None
+            if breaker.state_of(key) is CircuitState.CLOSED:
+                self.applied += 1
+                breaker._apply_remote(key, "open", int(raw[index + 1]) / 1000.0)
+
+    def _connection_changed(self, connected: bool, error: BaseException | None) -> None:
+        if connected:
+            self._failover.succeeded()
+        else:
+            wrapped = error if isinstance(error, BackendError) else BackendError(repr(error))
+            self._failover.failed(wrapped)
+
+    def statistics(self) -> dict[str, Any]:
+        """Counters: messages published and applied, elections won and lost, health.
+
+        Example: ``breaker.shared.statistics()["won"]``
+        """
+        return {
+            **self._failover.statistics(),
+            "connected": self.connected,
+            "published": self.published,
+            "applied": self.applied,
+            "won": self.won,
+            "lost": self.lost,
+        }
+
+    def __repr__(self) -> str:
+        state = "connected" if self.connected else "disconnected"
+        return f"<SharedState {self.name!r} {state} quorum={self.quorum}>"

@@ -1,0 +1,672 @@
+"""CircuitBreaker behaviour through the public API (virtual time, no real waiting)."""
+
+from __future__ import annotations
+
+import gc
+import pickle
+from typing import Any
+
+import pytest
+
+import resilience as rs
+from resilience.breaker import (
+    BreakerStateChanged,
+    CircuitBreaker,
+    CircuitState,
+    OutcomeRecorded,
+)
+from resilience.testing import FakeClock
+
+
+class Boom(Exception):
+    """A failure of the protected dependency."""
+
+
+def failing(*_: Any, **__: Any) -> Any:
+    raise Boom("down")
+
+
+def ok(*_: Any, **__: Any) -> str:
+    return "ok"
+
+
+def fail_n(breaker: CircuitBreaker, n: int, *args: Any) -> None:
+    for _ in range(n):
+        with pytest.raises(Boom):
+            breaker.call(failing, *args)
+
+
+def succeed_n(breaker: CircuitBreaker, n: int, *args: Any) -> None:
+    for _ in range(n):
+        assert breaker.call(ok, *args) == "ok"
+
+
+# --------------------------------------------------------------------- configuration
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "needle"),
+    [
+        ({"failure_rate": 0}, "failure_rate"),
+        ({"failure_rate": 1.5}, "failure_rate"),
+        ({"window": 0}, "window"),
+        ({"window": 5, "min_calls": 6}, "min_calls"),
+        ({"window_type": "sliding"}, "window_type"),
+        ({"window_type": "time", "window": -1.0}, "window"),
+        ({"open_for": -1}, "open_for"),
+        ({"open_for": 10, "open_for_max": 5}, "open_for_max"),
+        ({"open_for_jitter": 2}, "open_for_jitter"),
+        ({"half_open_calls": 0}, "half_open_calls"),
+        ({"max_half_open_wait": 0}, "max_half_open_wait"),
+        ({"consecutive_failures": 0}, "consecutive_failures"),
+        ({"slow_call": -0.1}, "slow_call"),
+        ({"failure_rate": None}, "never trip"),
+        ({"exclude": "oops"}, "exclude"),
+        ({"record": (ValueError, 3)}, "record"),
+        ({"record_result": 5}, "record_result"),
+        ({"key": "host"}, "key"),
+        ({"quorum": 0}, "quorum"),
+        ({"initial_state": "open"}, "initial_state"),
+        ({"fallback_on": ValueError}, "fallback_on"),
+        ({"backend": object()}, "backend"),
+    ],
+)
+def test_bad_arguments_raise_configuration_error(kwargs: dict[str, Any], needle: str) -> None:
+    """Every bad argument fails at construction with a message naming it."""
+    with pytest.raises(rs.ConfigurationError, match=needle):
+        CircuitBreaker(**kwargs)
+
+
+def test_min_calls_defaults_to_the_window_when_smaller() -> None:
+    """A small count window does not need an explicit min_calls."""
+    assert CircuitBreaker(window=4).config.min_calls == 4
+    assert CircuitBreaker().config.min_calls == 10
+
+
+# --------------------------------------------------------------------- tripping
+
+
+def test_failure_rate_trips_only_after_min_calls(fake_clock: FakeClock) -> None:
+    """Below min_calls nothing trips; at min_calls the rate decides."""
+    breaker = CircuitBreaker(failure_rate=0.5, window=10, min_calls=4, clock=fake_clock)
+    fail_n(breaker, 3)
+    assert breaker.state is CircuitState.CLOSED
+    succeed_n(breaker, 1)  # 3 of 4 failed: 75% >= 50%, decided on a success
+    assert breaker.state is CircuitState.OPEN
+
+
+def test_count_window_forgets_old_calls(fake_clock: FakeClock) -> None:
+    """Only the last `window` calls count."""
+    breaker = CircuitBreaker(failure_rate=0.5, window=4, min_calls=4, clock=fake_clock)
+    fail_n(breaker, 1)
+    succeed_n(breaker, 3)  # 1/4 failed
+    fail_n(breaker, 1)  # window: S S S F -> 1/4
+    assert breaker.state is CircuitState.CLOSED
+    assert breaker.statistics().failures == 1
+    fail_n(breaker, 1)  # S S F F -> 2/4
+    assert breaker.state is CircuitState.OPEN
+
+
+def test_time_window_forgets_old_buckets(fake_clock: FakeClock) -> None:
+    """Failures older than the time window do not count."""
+    breaker = CircuitBreaker(
+        failure_rate=0.5, window_type="time", window=10, buckets=10, min_calls=2, clock=fake_clock
+    )
+    fail_n(breaker, 1)
+    fake_clock.advance(10)
+    fail_n(breaker, 1)
+    assert breaker.statistics().calls == 1
+    assert breaker.state is CircuitState.CLOSED
+    succeed_n(breaker, 1)  # 1 failure of 2 in the window
+    assert breaker.state is CircuitState.OPEN
+
+
+def test_slow_calls_trip(fake_clock: FakeClock) -> None:
+    """Calls slower than slow_call count toward the slow-call rate, even when they succeed."""
+    breaker = CircuitBreaker(
+        failure_rate=None,
+        slow_call=1.0,
+        slow_call_rate=0.5,
+        window=4,
+        min_calls=2,
+        clock=fake_clock,
+    )
+
+    def slow() -> str:
+        fake_clock.advance(1.5)
+        return "late"
+
+    assert breaker.call(slow) == "late"
+    succeed_n(breaker, 1)
+    assert breaker.state is CircuitState.OPEN
+    assert breaker.statistics().state is CircuitState.OPEN
+
+
+def test_consecutive_failures_trip_regardless_of_window(fake_clock: FakeClock) -> None:
+    """N failures in a row trip; a success in between resets the run."""
+    breaker = CircuitBreaker(failure_rate=None, consecutive_failures=3, clock=fake_clock)
+    fail_n(breaker, 2)
+    succeed_n(breaker, 1)
+    fail_n(breaker, 2)
+    assert breaker.state is CircuitState.CLOSED
+    fail_n(breaker, 1)
+    assert breaker.state is CircuitState.OPEN
+
+
+# --------------------------------------------------------------------- open and half-open
+
+
+def test_open_rejects_with_retry_after_until_half_open(fake_clock: FakeClock) -> None:
+    """An open breaker does not call the function and says when to come back."""
+    breaker = CircuitBreaker(consecutive_failures=1, open_for=30, clock=fake_clock)
+    fail_n(breaker, 1)
+    fake_clock.advance(10)
+    calls = []
+    with pytest.raises(rs.CircuitOpen) as caught:
+        breaker.call(calls.append, 1)
+    assert calls == []
+    assert caught.value.retry_after == pytest.approx(20)
+    assert isinstance(caught.value, rs.Rejected)
+    assert pickle.loads(pickle.dumps(caught.value)).retry_after == pytest.approx(20)
+    fake_clock.advance(20)
+    assert breaker.state is CircuitState.HALF_OPEN
+
+
+def test_half_open_admits_exactly_the_probes_then_closes(fake_clock: FakeClock) -> None:
+    """HALF_OPEN lets half_open_calls probes in; their success closes the breaker."""
+    breaker = CircuitBreaker(
+        consecutive_failures=1, open_for=5, half_open_calls=2, clock=fake_clock
+    )
+    fail_n(breaker, 1)
+    fake_clock.advance(5)
+    first, second = breaker.acquire_nowait(), breaker.acquire_nowait()
+    with pytest.raises(rs.CircuitOpen) as caught:
+        breaker.acquire_nowait()
+    assert caught.value.retry_after is None
+    first.success()
+    assert breaker.state is CircuitState.HALF_OPEN
+    second.success()
+    assert breaker.state is CircuitState.CLOSED
+    assert breaker.statistics().calls == 0  # a fresh window
+
+
+def test_failed_probes_reopen_with_growing_cool_down(fake_clock: FakeClock) -> None:
+    """Each consecutive trip lasts open_for x n, capped at open_for_max."""
+    breaker = CircuitBreaker(consecutive_failures=1, open_for=10, open_for_max=25, clock=fake_clock)
+    fail_n(breaker, 1)
+    seen = []
+    for _ in range(3):
+        seen.append(breaker.statistics().retry_after)
+        fake_clock.advance(seen[-1])
+        fail_n(breaker, 1)  # the probe fails
+    assert seen == [10, 20, 25]
+    fake_clock.advance(25)
+    succeed_n(breaker, 1)
+    fail_n(breaker, 1)
+    assert breaker.statistics().retry_after == 10  # closing reset the growth
+
+
+def test_jitter_shortens_cool_downs_within_bounds(fake_clock: FakeClock) -> None:
+    """open_for_jitter draws each cool-down in (open_for x (1 - jitter), open_for]."""
+    durations = set()
+    for seed in range(20):
+        breaker = CircuitBreaker(
+            consecutive_failures=1, open_for=10, open_for_jitter=0.5, seed=seed, clock=fake_clock
+        )
+        fail_n(breaker, 1)
+        durations.add(breaker.statistics().retry_after)
+    assert all(5 < d <= 10 for d in durations if d is not None)
+    assert len(durations) > 10
+
+
+def test_half_open_times_out_back_to_open(fake_clock: FakeClock) -> None:
+    """With max_half_open_wait, unfinished probes send the breaker back to OPEN."""
+    breaker = CircuitBreaker(
+        consecutive_failures=1, open_for=5, max_half_open_wait=3, clock=fake_clock
+    )
+    fail_n(breaker, 1)
+    fake_clock.advance(5)
+    probe = breaker.acquire_nowait()
+    fake_clock.advance(3)
+    assert breaker.state is CircuitState.OPEN
+    probe.success()  # too late: the episode is over
+    assert breaker.state is CircuitState.OPEN
+
+
+def test_late_outcome_of_an_old_episode_is_dropped(fake_clock: FakeClock) -> None:
+    """A call admitted while CLOSED that ends in HALF_OPEN is not taken as a probe."""
+    breaker = CircuitBreaker(consecutive_failures=1, open_for=5, clock=fake_clock)
+    slow_permit = breaker.acquire_nowait()
+    fail_n(breaker, 1)
+    fake_clock.advance(5)
+    assert breaker.state is CircuitState.HALF_OPEN
+    slow_permit.success()
+    assert breaker.state is CircuitState.HALF_OPEN
+    assert breaker.statistics().half_open_in_flight == 0
+
+
+# --------------------------------------------------------------------- what counts
+
+
+def test_excluded_and_cancelled_count_as_neither(fake_clock: FakeClock) -> None:
+    """exclude= types, a predicate, and BaseExceptions are neither success nor failure."""
+    breaker = CircuitBreaker(
+        consecutive_failures=2,
+        exclude=lambda exc: isinstance(exc, KeyError),
+        clock=fake_clock,
+    )
+    fail_n(breaker, 1)
+    for exc in (KeyError("k"), KeyboardInterrupt()):
+
+        def raise_it(exc: BaseException = exc) -> None:
+            raise exc
+
+        with pytest.raises(type(exc)):
+            breaker.call(raise_it)
+    assert breaker.statistics().calls == 1
+    fail_n(breaker, 1)  # the run of failures was not broken
+    assert breaker.state is CircuitState.OPEN
+
+
+def test_rejections_from_inner_policies_are_ignored_unless_asked(fake_clock: FakeClock) -> None:
+    """RateLimited / BulkheadFull from inside do not count, unless record_rejected=True."""
+
+    def limited() -> None:
+        raise rs.RateLimited(retry_after=1.0)
+
+    quiet = CircuitBreaker(consecutive_failures=1, clock=fake_clock)
+    strict = CircuitBreaker(consecutive_failures=1, record_rejected=True, clock=fake_clock)
+    for breaker in (quiet, strict):
+        with pytest.raises(rs.RateLimited):
+            breaker.call(limited)
+    assert quiet.state is CircuitState.CLOSED
+    assert strict.state is CircuitState.OPEN
+
+
+def test_record_limits_failures_to_matches(fake_clock: FakeClock) -> None:
+    """With record=, only matching exceptions are failures; others are successes."""
+    breaker = CircuitBreaker(
+        failure_rate=None, consecutive_failures=2, record=(Boom,), clock=fake_clock
+    )
+    fail_n(breaker, 1)
+    with pytest.raises(ValueError):
+        breaker.call(int, "x")  # a success: resets the run
+    fail_n(breaker, 1)
+    assert breaker.state is CircuitState.CLOSED
+    assert breaker.statistics().calls == 3
+
+
+def test_result_predicate_marks_failures(fake_clock: FakeClock) -> None:
+    """record_result turns returned values (an HTTP 503) into failures; they are returned."""
+    breaker = CircuitBreaker(
+        consecutive_failures=2, record_result=lambda status: status >= 500, clock=fake_clock
+    )
+
+    @breaker
+    def fetch(status: int) -> int:
+        return status
+
+    assert fetch(503) == 503
+    assert fetch(200) == 200
+    assert fetch(503) == 503
+    assert breaker.state is CircuitState.CLOSED
+    assert fetch(502) == 502
+    assert breaker.state is CircuitState.OPEN
+
+
+# --------------------------------------------------------------------- manual states
+
+
+def test_manual_states(fake_clock: FakeClock) -> None:
+    """force_open rejects, disable admits and records nothing, metrics_only never trips."""
+    breaker = CircuitBreaker(consecutive_failures=1, clock=fake_clock)
+    breaker.force_open()
+    with pytest.raises(rs.CircuitOpen) as caught:
+        breaker.call(ok)
+    assert caught.value.retry_after is None
+    fake_clock.advance(3600)
+    assert breaker.state is CircuitState.FORCED_OPEN
+
+    breaker.disable()
+    fail_n(breaker, 3)
+    assert breaker.state is CircuitState.DISABLED
+    assert breaker.statistics().calls == 0
+
+    breaker.metrics_only()
+    fail_n(breaker, 3)
+    stats = breaker.statistics()
+    assert (stats.state, stats.calls, stats.failures) == (CircuitState.METRICS_ONLY, 3, 3)
+
+    breaker.open(seconds=7)
+    assert breaker.statistics().retry_after == 7
+    breaker.close()
+    assert breaker.state is CircuitState.CLOSED
+    succeed_n(breaker, 1)
+
+
+def test_initial_state_shadow_mode(fake_clock: FakeClock) -> None:
+    """initial_state=METRICS_ONLY starts a breaker in shadow mode."""
+    breaker = CircuitBreaker(initial_state=CircuitState.METRICS_ONLY, window=2, clock=fake_clock)
+    fail_n(breaker, 5)
+    assert breaker.statistics().failure_rate == 1.0
+    assert breaker.state is CircuitState.METRICS_ONLY
+
+
+# --------------------------------------------------------------------- events and stats
+
+
+def test_events_tell_the_story(fake_clock: FakeClock) -> None:
+    """Listeners see outcomes, state changes with reasons, and rejections."""
+    breaker = CircuitBreaker(consecutive_failures=1, open_for=5, name="api", clock=fake_clock)
+    events: list[rs.Event] = []
+    breaker.add_listener(events.append)
+    succeed_n(breaker, 1)  # plain successes are not reported
+    fail_n(breaker, 1)
+    with pytest.raises(rs.CircuitOpen):
+        breaker.call(ok)
+    fake_clock.advance(5)
+    succeed_n(breaker, 1)
+    kinds = [
+        (type(e).__name__, getattr(e, "outcome", None) or getattr(e, "reason", None))
+        for e in events
+    ]
+    assert kinds == [
+        ("OutcomeRecorded", "failure"),
+        ("BreakerStateChanged", "consecutive_failures"),
+        ("CallRejected", None),
+        ("BreakerStateChanged", "cool_down"),
+        ("OutcomeRecorded", "success"),
+        ("BreakerStateChanged", "probes_succeeded"),
+    ]
+    opened = events[1]
+    assert isinstance(opened, BreakerStateChanged)
+    assert isinstance(opened, rs.StateChanged)
+    assert (opened.policy, opened.old, opened.new, opened.open_for) == ("api", "closed", "open", 5)
+    assert isinstance(events[0], OutcomeRecorded)
+    assert isinstance(events[0].exception, Boom)
+
+
+def test_statistics_counts(fake_clock: FakeClock) -> None:
+    """statistics() reports window counts, rates (from min_calls on), and counters."""
+    breaker = CircuitBreaker(failure_rate=0.9, window=10, min_calls=4, clock=fake_clock)
+    fail_n(breaker, 1)
+    succeed_n(breaker, 2)
+    stats = breaker.statistics()
+    assert (stats.calls, stats.failures, stats.failure_rate) == (3, 1, None)
+    succeed_n(breaker, 1)
+    assert breaker.statistics().failure_rate == 0.25
+    breaker.open()
+    for _ in range(3):
+        with pytest.raises(rs.CircuitOpen):
+            breaker.call(ok)
+    stats = breaker.statistics()
+    assert (stats.rejected, stats.opened, stats.calls) == (3, 1, 0)
+
+
+# --------------------------------------------------------------------- keys
+
+
+def test_keys_have_independent_breakers(fake_clock: FakeClock) -> None:
+    """One failing domain does not open the breaker of another."""
+    breaker = CircuitBreaker(key=lambda host: host, consecutive_failures=2, clock=fake_clock)
+    fail_n(breaker, 2, "bad.example")
+    succeed_n(breaker, 3, "good.example")
+    assert breaker.state_of("bad.example") is CircuitState.OPEN
+    assert breaker.state_of("good.example") is CircuitState.CLOSED
+    assert breaker.state_of("never.seen") is CircuitState.CLOSED
+    assert breaker.states() == {
+        "bad.example": CircuitState.OPEN,
+        "good.example": CircuitState.CLOSED,
+    }
+    with pytest.raises(TypeError, match="keyed"):
+        _ = breaker.state
+    with pytest.raises(TypeError, match="keyed"):
+        with breaker:
+            pass
+
+
+def test_evicted_key_comes_back_closed_with_a_fresh_window(fake_clock: FakeClock) -> None:
+    """The key map is bounded (LRU and idle expiry); an evicted key starts over."""
+    breaker = CircuitBreaker(
+        key=lambda host: host, consecutive_failures=2, max_keys=2, idle_ttl=60, clock=fake_clock
+    )
+    fail_n(breaker, 2, "a")
+    fail_n(breaker, 1, "b")
+    succeed_n(breaker, 1, "c")  # evicts "a", the least recently used
+    assert len(breaker.states()) == 2
+    assert breaker.state_of("a") is CircuitState.CLOSED
+    fake_clock.advance(61)
+    succeed_n(breaker, 1, "d")  # "b" idle for too long: dropped
+    fail_n(breaker, 1, "b")
+    assert breaker.state_of("b") is CircuitState.CLOSED  # its old failure was forgotten
+
+
+def test_manual_control_of_keyed_breakers(fake_clock: FakeClock) -> None:
+    """force_open() without a key covers every key, including keys seen later."""
+    breaker = CircuitBreaker(key=lambda host: host, clock=fake_clock)
+    succeed_n(breaker, 1, "a")
+    breaker.force_open()
+    for host in ("a", "b"):
+        with pytest.raises(rs.CircuitOpen):
+            breaker.call(ok, host)
+    breaker.close()
+    succeed_n(breaker, 1, "b")
+    breaker.open(key="b")
+    assert breaker.state_of("b") is CircuitState.OPEN
+    assert breaker.statistics(key="zzz").state is CircuitState.CLOSED
+
+
+# --------------------------------------------------------------------- shells
+
+
+def test_context_manager_records_the_block(fake_clock: FakeClock) -> None:
+    """with breaker: records success or the classified exception of the block."""
+    breaker = CircuitBreaker(consecutive_failures=2, clock=fake_clock)
+    with breaker:
+        pass
+    for _ in range(2):
+        with pytest.raises(Boom), breaker:
+            raise Boom
+    assert breaker.state is CircuitState.OPEN
+    with pytest.raises(rs.CircuitOpen), breaker:
+        pytest.fail("must not run")
+
+
+def test_permit_reports_once(fake_clock: FakeClock) -> None:
+    """Only the first report of a permit counts; the permit is a context manager too."""
+    breaker = CircuitBreaker(consecutive_failures=2, clock=fake_clock)
+    permit = breaker.acquire_nowait()
+    permit.failure(Boom())
+    permit.failure(Boom())
+    permit.success()
+    assert permit.done
+    assert breaker.statistics().failures == 1
+    with breaker.acquire_nowait() as second:
+        pass
+    assert second.done
+    permit = breaker.acquire_nowait()
+    permit.failure(KeyboardInterrupt())  # a cancellation: ignored
+    assert breaker.statistics().calls == 2
+
+
+def test_decorates_methods(fake_clock: FakeClock) -> None:
+    """The decorator works on instance methods and keeps the name."""
+    breaker = CircuitBreaker(consecutive_failures=1, clock=fake_clock)
+
+    class Client:
+        @breaker
+        def get(self, path: str) -> str:
+            """Fetch a path."""
+            return path.upper()
+
+    assert Client().get("x") == "X"
+    assert Client.get.__name__ == "get"
+
+
+def test_fallback_answers_rejections(fake_clock: FakeClock) -> None:
+    """fallback= answers CircuitOpen (with the exception) and lets other errors through."""
+    seen: list[BaseException] = []
+
+    def degraded(exc: BaseException) -> str:
+        seen.append(exc)
+        return "cached"
+
+    breaker = CircuitBreaker(consecutive_failures=1, fallback=degraded, clock=fake_clock)
+    events: list[rs.Event] = []
+    breaker.add_listener(events.append)
+    fail_n(breaker, 1)  # Boom is not a rejection: it propagates
+    assert breaker.call(ok) == "cached"
+    assert isinstance(seen[0], rs.CircuitOpen)
+    assert any(isinstance(e, rs.FallbackUsed) for e in events)
+
+    constant = CircuitBreaker(consecutive_failures=1, fallback=None, clock=fake_clock)
+    constant.open()
+    with pytest.raises(rs.CircuitOpen):  # fallback=None means no fallback
+        constant.call(ok)
+
+    wide = CircuitBreaker(
+        consecutive_failures=1, fallback="n/a", fallback_on=(rs.Rejected, Boom), clock=fake_clock
+    )
+    assert wide.call(failing) == "n/a"
+
+
+@pytest.mark.anyio
+async def test_async_shell_and_async_fallback(fake_clock: FakeClock) -> None:
+    """async def functions, async with, and an async fallback, on asyncio and trio."""
+
+    async def degraded(exc: BaseException) -> str:
+        return f"fallback after {type(exc).__name__}"
+
+    breaker = CircuitBreaker(consecutive_failures=2, fallback=degraded, clock=fake_clock)
+
+    @breaker
+    async def ask(fail: bool) -> str:
+        if fail:
+            raise Boom
+        return "answer"
+
+    assert await ask(False) == "answer"
+    for _ in range(2):
+        with pytest.raises(Boom):
+            await ask(True)
+    assert await ask(False) == "fallback after CircuitOpen"
+
+    plain = CircuitBreaker(consecutive_failures=1, slow_call=1.0, clock=fake_clock)
+    async with plain:
+        await fake_clock.sleep_async(0.1)
+    with pytest.raises(Boom):
+        async with plain:
+            raise Boom
+    assert plain.state is CircuitState.OPEN
+    permit_error = None
+    try:
+        await plain.acquire_async()
+    except rs.CircuitOpen as exc:
+        permit_error = exc
+    assert permit_error is not None
+
+
+@pytest.mark.anyio
+async def test_async_cancellation_frees_the_probe(fake_clock: FakeClock) -> None:
+    """A cancelled half-open probe is not a failure and gives its slot back."""
+    import anyio
+
+    breaker = CircuitBreaker(consecutive_failures=1, open_for=1, clock=fake_clock)
+    breaker.open(seconds=1)
+    fake_clock.advance(1)
+
+    @breaker
+    async def hang() -> None:
+        await anyio.sleep_forever()
+
+    with anyio.move_on_after(0.01):
+        await hang()
+    assert breaker.state is CircuitState.HALF_OPEN
+    assert breaker.statistics().half_open_in_flight == 0
+    permit = breaker.acquire_nowait()  # the slot is free again
+    permit.success()
+    assert breaker.state is CircuitState.CLOSED
+
+
+def test_inside_a_pipeline_records_each_attempt(fake_clock: FakeClock) -> None:
+    """Pipeline(Retry, CircuitBreaker): the breaker sees every attempt and stops the retries."""
+    breaker = CircuitBreaker(consecutive_failures=2, open_for=60, clock=fake_clock)
+    calls = []
+
+    @rs.Pipeline(rs.Retry(on=Boom, attempts=5, clock=fake_clock), breaker)
+    def flaky() -> None:
+        calls.append(1)
+        raise Boom
+
+    with rs.testing.no_wait(), pytest.raises(rs.CircuitOpen):
+        flaky()
+    assert len(calls) == 2
+    assert breaker.state is CircuitState.OPEN
+
+
+def test_breaker_is_collectable() -> None:
+    """A breaker without shared state holds no global reference (no leak)."""
+    import weakref
+
+    breaker = CircuitBreaker()
+    ref = weakref.ref(breaker)
+    del breaker
+    gc.collect()
+    assert ref() is None
+
+
+def test_memory_backend_means_in_process() -> None:
+    """backend=MemoryBackend() is accepted and keeps the breaker in process."""
+    breaker = CircuitBreaker(backend=rs.backends.MemoryBackend())
+    assert breaker.shared is None
+    assert breaker.call(ok) == "ok"
+
+
+def test_decorated_function_trips_probes_and_closes(fake_clock: FakeClock) -> None:
+    """The decorator's fast path records failures, rejects when open and probes after."""
+    breaker = CircuitBreaker(
+        key=lambda host, fail: host,
+        failure_rate=0.5,
+        window=4,
+        min_calls=2,
+        open_for=5,
+        clock=fake_clock,
+    )
+
+    @breaker
+    def fetch(host: str, fail: bool) -> str:
+        if fail:
+            raise Boom
+        return host
+
+    assert fetch("a", False) == "a"
+    with pytest.raises(Boom):
+        fetch("a", True)  # 1 of 2 failed: 50% -> open
+    with pytest.raises(rs.CircuitOpen):
+        fetch("a", False)
+    assert fetch("b", False) == "b"
+    fake_clock.advance(5)
+    assert fetch("a", False) == "a"  # the probe
+    assert breaker.state_of("a") is CircuitState.CLOSED
+
+
+@pytest.mark.anyio
+async def test_decorated_coroutine_trips_probes_and_closes(fake_clock: FakeClock) -> None:
+    """Same for async def functions, on asyncio and trio."""
+    breaker = CircuitBreaker(failure_rate=0.5, window=4, min_calls=2, open_for=5, clock=fake_clock)
+
+    @breaker
+    async def fetch(fail: bool) -> str:
+        if fail:
+            raise Boom
+        return "ok"
+
+    assert await fetch(False) == "ok"
+    with pytest.raises(Boom):
+        await fetch(True)
+    with pytest.raises(rs.CircuitOpen):
+        await fetch(False)
+    fake_clock.advance(5)
+    assert await fetch(False) == "ok"
+    assert breaker.state is CircuitState.CLOSED
+    assert fetch.__name__ == "fetch"

@@ -1,0 +1,300 @@
+"""Shared breaker state through a real Redis, with several "processes" in one test.
+
+Each simulated process has its own RedisBackend, hence its own subscriber, publisher
+and identity, exactly as separate processes would. (test_fleet.py runs real ones.)
+Redis TTLs are real time, so these breakers use the system clock and short cool-downs.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import resilience as rs
+from resilience.backends import RedisBackend
+from resilience.breaker import BreakerStateChanged, CircuitBreaker, CircuitState
+from resilience.testing import RedisServer
+
+pytestmark = pytest.mark.redis
+
+OPEN_FOR = 0.3
+
+
+class Boom(Exception):
+    """A failure of the protected dependency."""
+
+
+def boom(*_: Any) -> None:
+    raise Boom
+
+
+class Fleet:
+    """Breakers with one name, each on its own backend (its own 'process')."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.breakers: list[CircuitBreaker] = []
+
+    def add(self, **kwargs: Any) -> CircuitBreaker:
+        options: dict[str, Any] = {
+            "name": "fleet",
+            "failure_rate": None,
+            "consecutive_failures": 2,
+            "open_for": OPEN_FOR,
+            "sync_interval": 30.0,
+        }
+        options.update(kwargs)
+        # A generous backend timeout: on a loaded test machine a 50 ms election could
+        # time out and (correctly) fall back to a local probe, which is not under test.
+        backend = RedisBackend.from_url(self.url, timeout=1.0)
+        breaker = CircuitBreaker(backend=backend, **options)
+        self.breakers.append(breaker)
+        assert wait_for(lambda: breaker.shared is not None and breaker.shared.connected)
+        return breaker
+
+    def close(self) -> None:
+        for breaker in self.breakers:
+            assert breaker.shared is not None
+            breaker.shared.close()
+
+
+def wait_for(condition: Any, timeout: float = 3.0) -> bool:
+    """Wait for something another thread or process does (not for a policy's timer)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.002)
+    return bool(condition())
+
+
+def opened_event(breaker: CircuitBreaker, state: str = "open") -> threading.Event:
+    event = threading.Event()
+    breaker.add_listener(
+        lambda e: event.set() if isinstance(e, BreakerStateChanged) and e.new == state else None
+    )
+    return event
+
+
+@pytest.fixture
+def fleet(redis_server: RedisServer) -> Iterator[Fleet]:
+    group = Fleet(redis_server.url)
+    try:
+        yield group
+    finally:
+        group.close()
+
+
+def test_needs_a_name(redis_server: RedisServer) -> None:
+    """The name is the fleet-wide identity: a shared breaker must have one."""
+    with pytest.raises(rs.ConfigurationError, match="name"):
+        CircuitBreaker(backend=RedisBackend.from_url(redis_server.url))
+
+
+def test_a_trip_opens_the_others(fleet: Fleet) -> None:
+    """One process trips; the others hear it and reject, for the rest of the cool-down."""
+    a, b = fleet.add(), fleet.add()
+    heard = opened_event(b)
+    for _ in range(2):
+        with pytest.raises(Boom):
+            a.call(boom)
+    assert a.state is CircuitState.OPEN
+    assert heard.wait(3)
+    with pytest.raises(rs.CircuitOpen) as caught:
+        b.call(int)
+    assert 0 < caught.value.retry_after <= OPEN_FOR
+
+
+def test_exactly_one_probe_fleet_wide_and_its_success_closes_all(fleet: Fleet) -> None:
+    """After the cool-down one process wins the probe; its success closes everybody."""
+    a, b, c = fleet.add(), fleet.add(), fleet.add()
+    heard = [opened_event(x) for x in (b, c)]
+    for _ in range(2):
+        with pytest.raises(Boom):
+            a.call(boom)
+    assert all(event.wait(3) for event in heard)
+    closed = [opened_event(x, "closed") for x in (a, b, c)]
+    time.sleep(OPEN_FOR + 0.05)  # the cool-down is Redis time: let it pass
+
+    ran: list[str] = []
+    entered = threading.Event()
+    release = threading.Event()
+
+    def probe(who: str) -> str:
+        ran.append(who)
+        entered.set()
+        release.wait(3)
+        return "ok"
+
+    outcomes: dict[str, str] = {}
+
+    def attempt(who: str, breaker: CircuitBreaker) -> None:
+        try:
+            outcomes[who] = breaker.call(probe, who)
+        except rs.CircuitOpen:
+            outcomes[who] = "rejected"
+
+    first = threading.Thread(target=attempt, args=("b", b))
+    first.start()
+    assert entered.wait(3)
+    attempt("a", a)
+    attempt("c", c)
+    release.set()
+    first.join(3)
+    assert ran == ["b"]
+    assert outcomes == {"a": "rejected", "b": "ok", "c": "rejected"}
+    assert all(event.wait(3) for event in closed)
+    assert [x.state for x in (a, b, c)] == [CircuitState.CLOSED] * 3
+
+
+def test_a_failed_probe_reopens_the_fleet(fleet: Fleet) -> None:
+    """The winner's failed probe is shared: the others stay open for the new cool-down."""
+    a, b = fleet.add(open_for=0.2), fleet.add(open_for=0.2)
+    heard = opened_event(b)
+    for _ in range(2):
+        with pytest.raises(Boom):
+            a.call(boom)
+    assert heard.wait(3)
+    time.sleep(0.25)
+    assert a.shared is not None
+    assert b.shared is not None
+    reopened = opened_event(b)
+    with pytest.raises(Boom):
+        a.call(boom)  # a wins the probe, which fails
+    assert a.state is CircuitState.OPEN
+    assert reopened.wait(3)
+    assert b.state is CircuitState.OPEN
+    assert a.shared.statistics()["won"] == 1
+
+
+def test_quorum_opens_the_fleet_only_when_enough_report(fleet: Fleet) -> None:
+    """quorum=2: one trip stays local; the second process's trip opens the third."""
+    a, b, c = (fleet.add(quorum=2) for _ in range(3))
+    for _ in range(2):
+        with pytest.raises(Boom):
+            a.call(boom)
+    assert a.state is CircuitState.OPEN
+    assert a.shared is not None
+    assert wait_for(lambda: a.shared is not None and a.shared.published == 1)
+    assert c.state is CircuitState.CLOSED
+    heard = opened_event(c)
+    for _ in range(2):
+        with pytest.raises(Boom):
+            b.call(boom)
+    assert heard.wait(3)
+    assert c.state is CircuitState.OPEN
+
+
+def test_keys_are_shared_one_by_one(fleet: Fleet) -> None:
+    """A keyed breaker shares each key's trips; other keys stay closed."""
+    a = fleet.add(key=lambda host: host)
+    b = fleet.add(key=lambda host: host)
+    heard = opened_event(b)
+    for _ in range(2):
+        with pytest.raises(Boom):
+            a.call(boom, "bad.example")
+    assert heard.wait(3)
+    assert b.state_of("bad.example") is CircuitState.OPEN
+    assert b.state_of("good.example") is CircuitState.CLOSED
+    assert b.call(lambda host: host, "good.example") == "good.example"
+
+
+def test_a_late_joiner_catches_up_by_reading_the_index(fleet: Fleet) -> None:
+    """A process that missed the message opens from the cached read of open signals."""
+    a = fleet.add(open_for=30)
+    for _ in range(2):
+        with pytest.raises(Boom):
+            a.call(boom)
+    assert a.shared is not None
+    assert wait_for(lambda: a.shared is not None and a.shared.published == 1)
+    late = fleet.add(open_for=30)
+    assert wait_for(lambda: late.state is CircuitState.OPEN)
+    assert late.statistics().retry_after is not None
+
+
+def test_closed_happy_path_sends_no_redis_command(fleet: Fleet, redis_server: RedisServer) -> None:
+    """INFO commandstats: thousands of CLOSED calls, not one command."""
+    a, b = fleet.add(), fleet.add()
+    redis_server.reset_stats()
+    for _ in range(2000):
+        a.call(int)
+        b.call(int)
+    counts = redis_server.commandstats()
+    calls_made = {k: v for k, v in counts.items() if not k.startswith(("config", "info"))}
+    assert calls_made == {}
+
+
+def test_redis_down_keeps_local_breakers_working(fleet: Fleet, redis_server: RedisServer) -> None:
+    """Redis dies: every process trips, rejects and probes on its own; nothing hangs."""
+    a = fleet.add(open_for=0.05)
+    events: list[rs.Event] = []
+    a.add_listener(events.append)
+    redis_server.kill()
+    assert wait_for(lambda: a.shared is not None and not a.shared.connected)
+    started = time.monotonic()
+    for _ in range(2):
+        with pytest.raises(Boom):
+            a.call(boom)
+    with pytest.raises(rs.CircuitOpen):
+        a.call(int)
+    time.sleep(0.06)
+    assert a.call(lambda: "probe") == "probe"  # a local probe: no election without Redis
+    assert a.state is CircuitState.CLOSED
+    assert time.monotonic() - started < 2.0
+    assert any(isinstance(e, rs.BackendFallback) for e in events)
+    redis_server.start()
+    assert wait_for(lambda: a.shared is not None and a.shared.connected, timeout=5)
+    assert wait_for(lambda: any(isinstance(e, rs.BackendRecovered) for e in events))
+
+
+@pytest.mark.anyio
+async def test_async_election(fleet: Fleet) -> None:
+    """The async path wins the fleet probe without blocking (asyncio client / trio thread)."""
+    a, b = fleet.add(open_for=0.1), fleet.add(open_for=0.1)
+    heard = opened_event(b)
+    for _ in range(2):
+        with pytest.raises(Boom):
+            a.call(boom)
+    assert heard.wait(3)
+    time.sleep(0.15)
+
+    async def probe() -> str:
+        return "ok"
+
+    assert await b.call_async(probe) == "ok"
+    assert b.state is CircuitState.CLOSED
+    assert b.shared is not None
+    assert b.shared.statistics()["won"] == 1
+
+
+def test_paused_redis_costs_at_most_one_backend_timeout(redis_server: RedisServer) -> None:
+    """A hung Redis (SIGSTOP): the election gives up after the backend timeout, once."""
+    breaker = CircuitBreaker(
+        name="paused",
+        backend=RedisBackend.from_url(redis_server.url, timeout=0.05),
+        failure_rate=None,
+        consecutive_failures=1,
+        open_for=0.05,
+    )
+    assert breaker.shared is not None
+    try:
+        assert wait_for(lambda: breaker.shared is not None and breaker.shared.connected)
+        redis_server.pause()
+        with pytest.raises(Boom):
+            breaker.call(boom)
+        time.sleep(0.06)
+        slowest = 0.0
+        for _ in range(3):  # the probe, then closed calls
+            started = time.monotonic()
+            assert breaker.call(lambda: "ok") == "ok"
+            slowest = max(slowest, time.monotonic() - started)
+        assert slowest < 1.0  # one election bounded by the 50 ms timeout, generously
+        assert breaker.state is CircuitState.CLOSED
+        assert breaker.shared.statistics()["backend_errors"] >= 1
+    finally:
+        redis_server.resume()
+        breaker.shared.close()
