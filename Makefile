@@ -30,9 +30,11 @@ demo: $(STAMP)
 	$(BIN)/python -m integrations.summarizer demo --quick
 
 bench: $(STAMP)
+	command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk) || echo "wrk unavailable: the uvicorn row will be skipped"
 	$(BIN)/python -m benchmarks
 
 chaos: $(STAMP)
+	RESILIENCE_CHAOS_LONG=1 $(BIN)/python -m pytest -q tests/ratelimit/test_redis_hammer.py tests/bulkhead/test_redis_chaos.py
 	RESILIENCE_CHAOS_LONG=1 $(BIN)/python -m tests.chaos
 
 docs: $(STAMP)

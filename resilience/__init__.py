@@ -13,7 +13,9 @@ Example::
     async def fetch(url: str) -> bytes: ...
 """
 
-from . import backoff, errors, testing
+# Submodules whose optional dependencies (redis, starlette, httpx, prometheus_client,
+# opentelemetry) load lazily, on first use.
+from . import asgi, backends, backoff, breaker, chaos, errors, observability, testing
 from ._budget import RetryBudget, RetryBudgetStatistics
 from ._clock import SYSTEM_CLOCK, Clock, SystemClock
 from ._deadline import Deadline, current_deadline, deadline, time_remaining
@@ -36,6 +38,9 @@ from ._fallback import Fallback, FallbackStatistics
 from ._policy import Pipeline, PipelineOrderWarning, Policy, PolicyBase, decorate
 from ._retry import Retry, RetryStatistics
 from ._timeout import Timeout, TimeoutStatistics
+from .breaker import BreakerStateChanged, BreakerStatistics, CircuitBreaker, CircuitState
+from .bulkhead import Bulkhead, BulkheadLeaseLost, BulkheadStatistics, LeaseLost
+from .chaos import FaultInjected, Faults, FaultStatistics
 from .errors import (
     BackendError,
     BulkheadFull,
@@ -46,30 +51,43 @@ from .errors import (
     Rejected,
     ResilienceError,
 )
-
-# -- exports added per area below (keep each block self-contained) --
+from .ratelimit import Decision, Rate, RateLimiter
 
 __all__ = [
     "BackendError",
     "BackendFallback",
     "BackendRecovered",
+    "BreakerStateChanged",
+    "BreakerStatistics",
+    "Bulkhead",
     "BulkheadFull",
+    "BulkheadLeaseLost",
+    "BulkheadStatistics",
     "CallRejected",
+    "CircuitBreaker",
     "CircuitOpen",
+    "CircuitState",
     "Clock",
     "ConfigurationError",
     "Deadline",
+    "Decision",
     "Event",
     "Fallback",
     "FallbackStatistics",
     "FallbackUsed",
+    "FaultInjected",
+    "FaultStatistics",
+    "Faults",
     "InjectedFault",
+    "LeaseLost",
     "Listener",
     "Pipeline",
     "PipelineOrderWarning",
     "Policy",
     "PolicyBase",
+    "Rate",
     "RateLimited",
+    "RateLimiter",
     "Rejected",
     "ResilienceError",
     "RetriesExhausted",
@@ -86,11 +104,16 @@ __all__ = [
     "Timeout",
     "TimeoutStatistics",
     "add_listener",
+    "asgi",
+    "backends",
     "backoff",
+    "breaker",
+    "chaos",
     "current_deadline",
     "deadline",
     "decorate",
     "errors",
+    "observability",
     "remove_listener",
     "testing",
     "time_remaining",
