@@ -20,6 +20,7 @@ __all__ = [
     "Event",
     "FallbackUsed",
     "Listener",
+    "Observable",
     "RetriesExhausted",
     "RetryBudgetExhausted",
     "RetryScheduled",
@@ -183,3 +184,54 @@ def emit(listeners: list[Listener], event: Event) -> None:
             listener(event)
         except Exception:
             logger.warning("resilience: event listener %r failed", listener, exc_info=True)
+
+
+class Observable:
+    """A name and event listeners: what policies, middleware and transports share.
+
+    Subclasses either call ``Observable.__init__(self, name)`` or set ``name`` and
+    ``_listeners`` themselves (slotted classes list both in their ``__slots__``).
+
+    Example::
+
+        middleware.add_listener(lambda event: print(event))
+    """
+
+    __slots__ = ()
+
+    name: str
+    _listeners: list[Listener]
+
+    def __init__(self, name: str | None = None) -> None:
+        # Subclasses provide the storage (their own __slots__ or a __dict__).
+        self.name = name if name is not None else type(self).__name__  # type: ignore[misc]
+        self._listeners = []  # type: ignore[misc]
+
+    def add_listener(self, listener: Listener) -> Listener:
+        """Receive this object's events; returns ``listener`` (usable as a decorator).
+
+        Example::
+
+            retry = rs.Retry(on=OSError)
+            retry.add_listener(print)
+        """
+        self._listeners.append(listener)
+        return listener
+
+    def remove_listener(self, listener: Listener) -> None:
+        """Stop sending this object's events to ``listener``.
+
+        Example: ``retry.remove_listener(print)``
+        """
+        try:
+            self._listeners.remove(listener)
+        except ValueError:
+            pass
+
+    @property
+    def _observed(self) -> bool:
+        """Whether anybody listens; check it before building an event."""
+        return bool(self._listeners or GLOBAL_LISTENERS)
+
+    def _emit(self, event: Event) -> None:
+        emit(self._listeners, event)

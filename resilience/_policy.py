@@ -20,7 +20,7 @@ import warnings
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, ParamSpec, Protocol, TypeVar, cast, runtime_checkable
 
-from ._events import GLOBAL_LISTENERS, Event, Listener, emit
+from ._events import Observable
 
 __all__ = ["Pipeline", "Policy", "PolicyBase", "decorate"]
 
@@ -101,7 +101,7 @@ def decorate(policy: Policy, fn: Callable[P, T]) -> Callable[P, T]:
     return cast(Callable[P, T], wrapper)
 
 
-class PolicyBase:
+class PolicyBase(Observable):
     """Shared plumbing of the built-in policies: naming, listeners, decorating.
 
     Subclasses implement ``call`` and ``call_async``; this class gives them
@@ -121,8 +121,7 @@ class PolicyBase:
     raises_rejected: bool = False
 
     def __init__(self, *, name: str | None = None) -> None:
-        self.name: str = name if name is not None else type(self).__name__
-        self._listeners: list[Listener] = []
+        Observable.__init__(self, name)
 
     def call(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
         """Run ``fn(*args, **kwargs)`` under this policy."""
@@ -141,35 +140,6 @@ class PolicyBase:
             async def fetch(url: str) -> bytes: ...
         """
         return decorate(self, fn)
-
-    def add_listener(self, listener: Listener) -> Listener:
-        """Receive this policy's events; returns ``listener`` (usable as a decorator).
-
-        Example::
-
-            retry = rs.Retry(on=OSError)
-            retry.add_listener(print)
-        """
-        self._listeners.append(listener)
-        return listener
-
-    def remove_listener(self, listener: Listener) -> None:
-        """Stop sending this policy's events to ``listener``.
-
-        Example: ``retry.remove_listener(print)``
-        """
-        try:
-            self._listeners.remove(listener)
-        except ValueError:
-            pass
-
-    @property
-    def _observed(self) -> bool:
-        """Whether anybody listens; check it before building an event."""
-        return bool(self._listeners or GLOBAL_LISTENERS)
-
-    def _emit(self, event: Event) -> None:
-        emit(self._listeners, event)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}>"

@@ -9,7 +9,7 @@ from typing import Any
 
 from .._clock import Clock
 from .._deadline import clamp
-from .._events import GLOBAL_LISTENERS, Event, Listener, emit
+from .._events import Event, Observable
 from ..errors import ConfigurationError
 from ._core import FaultCore, Plan
 from ._switch import chaos_active
@@ -133,38 +133,3 @@ async def hang_async(clock: Clock) -> None:
         if step <= 0 or math.isnan(step):
             step = HANG_STEP
         await clock.sleep_async(step)
-
-
-class Observable:
-    """Name and listeners for injectors that are not call policies (transport, middleware)."""
-
-    __slots__ = ("_listeners", "name")
-
-    def __init__(self, name: str | None) -> None:
-        self.name: str = name if name is not None else type(self).__name__
-        self._listeners: list[Listener] = []
-
-    def add_listener(self, listener: Listener) -> Listener:
-        """Receive this injector's :class:`FaultInjected` events; returns ``listener``.
-
-        Example: ``transport.add_listener(print)``
-        """
-        self._listeners.append(listener)
-        return listener
-
-    def remove_listener(self, listener: Listener) -> None:
-        """Stop sending events to ``listener``.
-
-        Example: ``transport.remove_listener(print)``
-        """
-        try:
-            self._listeners.remove(listener)
-        except ValueError:
-            pass
-
-    @property
-    def _observed(self) -> bool:
-        return bool(self._listeners or GLOBAL_LISTENERS)
-
-    def _emit(self, event: Event) -> None:
-        emit(self._listeners, event)

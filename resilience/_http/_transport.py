@@ -22,7 +22,12 @@ import httpx
 from .. import _deadline
 from .._budget import RetryBudget
 from .._clock import SYSTEM_CLOCK, Clock
-from .._events import GLOBAL_LISTENERS, Event, Listener, RetriesExhausted, RetryScheduled, emit
+from .._events import (
+    Listener,
+    Observable,
+    RetriesExhausted,
+    RetryScheduled,
+)
 from .._validate import check_callable, check_int, check_number
 from ..backoff import full_jitter
 from ..breaker import CircuitBreaker
@@ -66,7 +71,7 @@ class _Run:
         self.repeatable = repeatable
 
 
-class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
+class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observable):
     """An httpx transport (sync and async) that is careful with every host it talks to.
 
     Wraps an inner transport (default: ``httpx.HTTPTransport()`` for ``httpx.Client``,
@@ -250,34 +255,6 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
         return Host(key, *policies, latencies)
 
     # -- events and statistics ----------------------------------------------------------
-
-    def add_listener(self, listener: Listener) -> Listener:
-        """Receive this transport's events; returns ``listener`` (usable as a decorator).
-
-        Events: :class:`~resilience.RetryScheduled`, :class:`~resilience.RetriesExhausted`,
-        :class:`HostPaused`, :class:`HedgeStarted` (``key`` is the host).
-
-        Example: ``transport.add_listener(print)``
-        """
-        self._listeners.append(listener)
-        return listener
-
-    def remove_listener(self, listener: Listener) -> None:
-        """Stop sending events to ``listener``.
-
-        Example: ``transport.remove_listener(print)``
-        """
-        try:
-            self._listeners.remove(listener)
-        except ValueError:
-            pass
-
-    @property
-    def _observed(self) -> bool:
-        return bool(self._listeners or GLOBAL_LISTENERS)
-
-    def _emit(self, event: Event) -> None:
-        emit(self._listeners, event)
 
     def statistics(self) -> TransportStatistics:
         """Requests, retries, hedges, pauses and hosts so far.
