@@ -122,5 +122,5 @@ def run(report: Report, quick: bool) -> None:
         "@rs.Faults (chaos off)",
         lone["@rs.Faults (chaos off)"],
         baseline_s=lone["bare call"],
-        note="decorator frame + Faults.call frame + ContextVar.get",
+        note="one wrapper frame + the switch check (a ContextVar.get)",
     )

@@ -195,6 +195,27 @@ class Faults(PolicyBase):
             raise InjectedFault(f"injected hang: no answer after {fault.block:g}s")
         return self._end(fault)  # type: ignore[no-any-return]
 
+    def _wrap(self, fn: Callable[..., Any], is_async: bool) -> Callable[..., Any] | None:
+        """The decorator body: with chaos off, one switch check around the call."""
+        switch = self._switch
+        if is_async:
+            call_async = self.call_async
+
+            async def faults_async(*args: Any, **kwargs: Any) -> Any:
+                if not switch():
+                    return await fn(*args, **kwargs)
+                return await call_async(fn, *args, **kwargs)
+
+            return faults_async
+        call = self.call
+
+        def faults_sync(*args: Any, **kwargs: Any) -> Any:
+            if not switch():
+                return fn(*args, **kwargs)
+            return call(fn, *args, **kwargs)
+
+        return faults_sync
+
     async def call_async(self, fn: Callable[..., Awaitable[T]], /, *args: Any, **kwargs: Any) -> T:
         """Run ``await fn(*args, **kwargs)``, injecting faults when chaos is enabled."""
         if not self._switch():
