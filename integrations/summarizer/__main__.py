@@ -1,0 +1,122 @@
+"""Command line: ``python -m integrations.summarizer {demo,serve,upstreams}``.
+
+* ``demo [--quick] [--duration S] [--redis URL|auto] [--workers N] [--out DIR]``: the
+  chaos demo (naive then resilient), writes ``report.json`` and ``report.html``; exit
+  status 1 when the resilient run misses an SLO.
+* ``serve``: one service worker (configuration from ``SUMMARIZER_CONFIG``, see
+  :class:`~integrations.summarizer.config.ServiceConfig`); prints ``{"port": N}``.
+* ``upstreams``: the simulated platforms and model provider; prints their ports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+
+def _serve_forever(servers: list[tuple[Any, Any]], ready: dict[str, Any]) -> None:
+    async def main() -> None:
+        # uvicorn handles SIGTERM/SIGINT itself (each server exits, then the signal is
+        # raised again for the next one)
+        tasks = [asyncio.create_task(server.serve(sockets=[sock])) for server, sock in servers]
+        while not all(server.started for server, _ in servers):
+            await asyncio.sleep(0.01)
+        from ._asgi import tune_gc
+
+        tune_gc()
+        print(json.dumps(ready), flush=True)
+        await asyncio.gather(*tasks)
+
+    asyncio.run(main())
+
+
+def _upstreams(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from .models import ModelsApp
+    from .platforms import PlatformsApp
+    from .servers import bind, uvicorn_config
+
+    servers: list[tuple[Any, Any]] = []
+    ready: dict[str, Any] = {}
+    if args.only in (None, "platforms"):
+        sock = bind(args.platforms_port)
+        server = uvicorn.Server(uvicorn_config(PlatformsApp(seed=args.seed)))
+        servers.append((server, sock))
+        ready["platforms"] = sock.getsockname()[1]
+    if args.only in (None, "models"):
+        sock = bind(args.models_port)
+        server = uvicorn.Server(uvicorn_config(ModelsApp(seed=args.seed)))
+        servers.append((server, sock))
+        ready["models"] = sock.getsockname()[1]
+    _serve_forever(servers, ready)
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from .config import ServiceConfig
+    from .servers import bind, uvicorn_config
+    from .service import create_app
+
+    cfg = ServiceConfig.from_env()
+    sock = bind(args.port)
+    server = uvicorn.Server(uvicorn_config(create_app(cfg), lifespan="on"))
+    _serve_forever([(server, sock)], {"port": sock.getsockname()[1], "worker": cfg.worker_index})
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from .demo import DemoOptions, run_demo
+
+    options = DemoOptions(
+        quick=args.quick,
+        duration=args.duration,
+        redis=args.redis,
+        workers=args.workers,
+        out=args.out,
+        seed=args.seed,
+        modes=tuple(args.modes.split(",")),
+        live=not args.no_live,
+    )
+    return run_demo(options)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``python -m integrations.summarizer``."""
+    parser = argparse.ArgumentParser(prog="python -m integrations.summarizer")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    demo = commands.add_parser("demo", help="run the chaos demo and write the report")
+    demo.add_argument("--quick", action="store_true", help="short phases (about 80 s in all)")
+    demo.add_argument("--duration", type=float, default=None, help="seconds per resilient run")
+    demo.add_argument("--redis", default=None, help="redis://... or 'auto' (private server)")
+    demo.add_argument("--workers", type=int, default=1, help="service processes (needs --redis)")
+    demo.add_argument("--out", default="summarizer-report", help="report directory")
+    demo.add_argument("--seed", type=int, default=1)
+    demo.add_argument("--modes", default="naive,resilient", help="which runs, in order")
+    demo.add_argument("--no-live", action="store_true", help="no live progress display")
+    demo.set_defaults(func=_demo)
+
+    serve = commands.add_parser("serve", help="run one service worker")
+    serve.add_argument("--port", type=int, default=0)
+    serve.set_defaults(func=_serve)
+
+    upstreams = commands.add_parser("upstreams", help="run the simulated upstreams")
+    upstreams.add_argument("--seed", type=int, default=1)
+    upstreams.add_argument("--platforms-port", type=int, default=0)
+    upstreams.add_argument("--models-port", type=int, default=0)
+    upstreams.add_argument("--only", choices=("platforms", "models"), default=None)
+    upstreams.set_defaults(func=_upstreams)
+
+    args = parser.parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Tests of the reference integrations (the summarizer service, upstreams and demo)."""

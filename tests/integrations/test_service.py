@@ -1,0 +1,153 @@
+"""The service and its pipeline against the simulated upstreams, over real HTTP."""
+
+from __future__ import annotations
+
+import pytest
+
+from integrations.summarizer.content import media_bytes
+
+
+def _platform_requests(app, domain: str) -> int:
+    return sum(app.stats[domain].requests.values())
+
+
+def test_job_streams_tokens_then_done(make_service):
+    """A job runs the four stages, then streams tokens before its done event."""
+    svc = make_service()
+    response = svc.submit("https://vidhub.test/watch/first")
+    assert response.status_code == 202
+    assert response.headers["ratelimit"].startswith('"summarizer.user-rate"')
+    job_id = response.json()["id"]
+    events = []
+    with svc.client.stream("GET", f"/summaries/{job_id}/stream") as stream:
+        for line in stream.iter_lines():
+            if line.startswith("event: "):
+                events.append(line[7:])
+    assert events.index("inference") < events.index("token") < events.index("done")
+    doc = svc.wait(job_id)
+    assert doc["outcome"] == "full"
+    assert [doc["stages"][s]["status"] for s in ("metadata", "video", "audio", "subtitles")] == [
+        "done"
+    ] * 4
+    assert doc["summary"]
+
+
+@pytest.mark.parametrize("seam", ["transport", "compose"])
+def test_download_cut_halfway_resumes_from_part_offset(make_service, platforms, seam):
+    """A video cut mid-transfer resumes with Range from the .part size; the file is whole
+    (with the policies in ResilientTransport or composed around each attempt)."""
+    _, app = platforms
+    control = app.control("streamly.test")
+    control.cut_next = 1
+    control.cut_fraction = 0.5
+    svc = make_service(download_seam=seam)
+    job_id = svc.submit("https://streamly.test/watch/resume1").json()["id"]
+    doc = svc.wait(job_id)
+    assert doc["outcome"] == "full"
+    videos = [e for e in app.stats["streamly.test"].log if e["kind"] == "video"]
+    assert len(videos) == 2
+    first, second = videos
+    assert first["start"] == 0
+    assert 0 < first["bytes"] < app.video_of("streamly.test", "resume1").video_size
+    assert second["status"] == 206
+    assert second["start"] == first["bytes"]  # asked only for the missing bytes
+    assert doc["stages"]["video"]["resumed_from"] == first["bytes"]
+    v = app.video_of("streamly.test", "resume1")
+    path = svc.service.pipeline.workdir / "streamly.test" / "resume1" / "v1" / "video"
+    assert path.read_bytes() == media_bytes(v, "video", 0, v.video_size)
+
+
+def test_repeated_url_is_served_from_cache_without_upstreams(make_service, platforms, models):
+    """The second request for a URL is answered 200 from cache; no upstream sees it."""
+    _, plat = platforms
+    _, mods = models
+    svc = make_service()
+    job_id = svc.submit("https://clipzone.test/watch/cached1").json()["id"]
+    first = svc.wait(job_id)
+    before = (
+        _platform_requests(plat, "clipzone.test"),
+        sum(s.requests for s in mods.stats.values()),
+    )
+    again = svc.submit("https://clipzone.test/watch/cached1")
+    assert again.status_code == 200
+    assert again.json()["cached"] is True
+    assert again.json()["summary"] == first["summary"]
+    after = (
+        _platform_requests(plat, "clipzone.test"),
+        sum(s.requests for s in mods.stats.values()),
+    )
+    assert after == before
+
+
+def test_changed_source_version_invalidates_the_cache(make_service, platforms):
+    """Once an entry is stale, a new source version is summarized again; the same one is not."""
+    _, app = platforms
+    svc = make_service(cache_freshness=0.0)  # always revalidate with the platform
+    url = "https://tubeverse.test/watch/versioned"
+    svc.wait(svc.submit(url).json()["id"])
+    videos_before = app.stats["tubeverse.test"].requests["video"]
+
+    same = svc.wait(svc.submit(url).json()["id"])
+    assert same["cached"] is True  # revalidated: one metadata request, nothing else
+    assert app.stats["tubeverse.test"].requests["video"] == videos_before
+
+    app.versions[("tubeverse.test", "versioned")] = 2
+    changed = svc.wait(svc.submit(url).json()["id"])
+    assert changed["cached"] is False
+    assert changed["version"] == 2
+    assert app.stats["tubeverse.test"].requests["video"] == videos_before + 1
+
+
+def test_unknown_ids_and_sources_are_negatively_cached(make_service, platforms):
+    """An unknown summary id and a missing video are remembered; repeats cost nothing."""
+    _, app = platforms
+    svc = make_service()
+    assert svc.client.get("/summaries/doesnotexist").status_code == 404
+    assert svc.client.get("/summaries/doesnotexist").status_code == 404
+    assert svc.service.api_counts["unknown_id_hits"] == 1
+
+    url = "https://vidhub.test/watch/missing42"
+    doc = svc.wait(svc.submit(url).json()["id"])
+    assert doc["outcome"] == "not_found"
+    metadata_calls = app.stats["vidhub.test"].requests["metadata"]
+    again = svc.submit(url)
+    assert again.status_code == 404
+    assert app.stats["vidhub.test"].requests["metadata"] == metadata_calls
+    assert svc.service.api_counts["negative_source_hits"] == 1
+
+
+def test_strong_model_down_falls_back_then_extractive(make_service, models):
+    """Strong down: long segments fall back to cheap (full); all down: extractive, degraded."""
+    _, mods = models
+    svc = make_service()
+    mods.tiers["strong"].down = True
+    mods.tiers["strong"].down_mode = "503"
+    doc = svc.wait(svc.submit("https://vidhub.test/watch/fallback1").json()["id"])
+    assert doc["outcome"] == "full"
+    assert "strong" not in doc["tiers"]
+    mods.tiers["cheap"].down = True
+    mods.tiers["cheap"].down_mode = "503"
+    doc = svc.wait(svc.submit("https://vidhub.test/watch/fallback2").json()["id"])
+    assert doc["outcome"] == "degraded"
+    assert set(doc["tiers"]) == {"extractive"}
+    assert "extractive_summary" in doc["reasons"]
+
+
+def test_naive_mode_has_no_middleware_and_no_streaming(make_service):
+    """Naive mode: no rate-limit headers, one non-streamed strong call per job."""
+    svc = make_service(mode="naive")
+    response = svc.submit("https://vidhub.test/watch/naive1")
+    assert "ratelimit" not in response.headers
+    doc = svc.wait(response.json()["id"])
+    assert doc["outcome"] == "full"
+    assert doc["tiers"] == ["strong"]
+
+
+def test_metrics_and_health(make_service):
+    """/healthz answers and /metrics exposes the policy and service series."""
+    svc = make_service()
+    svc.wait(svc.submit("https://vidhub.test/watch/metrics1").json()["id"])
+    assert svc.client.get("/healthz").json()["status"] == "ok"
+    text = svc.client.get("/metrics/").text
+    assert "summarizer_jobs_total" in text
+    assert "summarizer_first_token_seconds_bucket" in text
