@@ -19,7 +19,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 
 typecheck: $(STAMP)
-	$(BIN)/mypy --strict resilience tests/typing
+	$(BIN)/mypy --strict resilience integrations tests/typing
 
 pytest: $(STAMP)
 	$(BIN)/python -m pytest -q
@@ -36,6 +36,7 @@ bench: $(STAMP)
 chaos: $(STAMP)
 	RESILIENCE_CHAOS_LONG=1 $(BIN)/python -m pytest -q tests/ratelimit/test_redis_hammer.py tests/bulkhead/test_redis_chaos.py
 	RESILIENCE_CHAOS_LONG=1 $(BIN)/python -m tests.chaos
+	RESILIENCE_CHAOS_LONG=1 $(BIN)/python -m pytest -q tests/integrations/test_demo.py
 
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
