@@ -24,7 +24,7 @@ typecheck: $(STAMP)
 pytest: $(STAMP)
 	$(BIN)/python -m pytest -q
 
-test: lint typecheck pytest
+test: lint typecheck docs pytest
 
 demo: $(STAMP)
 	$(BIN)/python -m integrations.summarizer demo --quick
