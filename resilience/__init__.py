@@ -51,7 +51,7 @@ from .errors import (
     Rejected,
     ResilienceError,
 )
-from .ratelimit import Decision, Rate, RateLimiter
+from .ratelimit import Decision, Rate, RateLimiter, RateLimiterStatistics
 
 __all__ = [
     "BackendError",
@@ -88,6 +88,7 @@ __all__ = [
     "Rate",
     "RateLimited",
     "RateLimiter",
+    "RateLimiterStatistics",
     "Rejected",
     "ResilienceError",
     "RetriesExhausted",

@@ -18,7 +18,7 @@ Example::
 """
 
 from ._gcra import GCRA, Decision
-from ._limiter import ALGORITHMS, RateLimiter
+from ._limiter import ALGORITHMS, RateLimiter, RateLimiterStatistics
 from ._rate import Rate
 
-__all__ = ["ALGORITHMS", "GCRA", "Decision", "Rate", "RateLimiter"]
+__all__ = ["ALGORITHMS", "GCRA", "Decision", "Rate", "RateLimiter", "RateLimiterStatistics"]

@@ -12,6 +12,7 @@ import functools
 import inspect
 import math
 from collections.abc import Awaitable, Callable, Hashable
+from dataclasses import dataclass
 from typing import Any, Final, ParamSpec, TypeVar, cast
 
 from .._clock import SYSTEM_CLOCK, Clock
@@ -26,7 +27,7 @@ from ._failover import FailoverBuckets
 from ._gcra import GCRA, Decision
 from ._rate import Rate, as_rate
 
-__all__ = ["ALGORITHMS", "RateLimiter"]
+__all__ = ["ALGORITHMS", "RateLimiter", "RateLimiterStatistics"]
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -44,6 +45,38 @@ _MAX_WAIT_LIMIT = 86_400.0 * 365
 
 def _wait_us(seconds: float) -> int:
     return round(seconds * 1_000_000) if seconds > 0 else 0
+
+
+@dataclass(frozen=True, slots=True)
+class RateLimiterStatistics:
+    """A snapshot of a :class:`RateLimiter`'s counters.
+
+    ``keys`` is the number of buckets held in process (``None`` when the state lives
+    only in a shared backend). The backend fields stay at their defaults for a limiter
+    without a shared backend.
+
+    Example::
+
+        stats = limiter.statistics()
+        print(stats.admitted, stats.rejected, stats.backend_healthy)
+    """
+
+    name: str
+    rate: str
+    burst: int
+    algorithm: str
+    admitted: int
+    rejected: int
+    waited: int
+    keys: int | None = None
+    evictions: int = 0
+    round_trips: int = 0
+    denial_cache_hits: int = 0
+    on_backend_error: str | None = None
+    backend_healthy: bool = True
+    backend_errors: int = 0
+    fallback_decisions: int = 0
+    backend_recoveries: int = 0
 
 
 class RateLimiter(PolicyBase):
@@ -485,19 +518,19 @@ class RateLimiter(PolicyBase):
 
     # ------------------------------------------------------------------ introspection
 
-    def statistics(self) -> dict[str, Any]:
+    def statistics(self) -> RateLimiterStatistics:
         """Counters: admitted, rejected, waited (reservations), keys and backend health.
 
-        With a shared backend it also has ``round_trips``, ``denial_cache_hits`` and the
-        failure-mode counters ``backend_errors``, ``fallback_decisions``,
-        ``backend_recoveries``, ``backend_healthy``.
+        With a shared backend it also counts ``round_trips``, ``denial_cache_hits`` and
+        the failure-mode counters ``backend_errors``, ``fallback_decisions``,
+        ``backend_recoveries`` and ``backend_healthy``.
 
         Example::
 
-            >>> limiter.statistics()["rejected"]
+            >>> limiter.statistics().rejected
             3
         """
-        stats: dict[str, Any] = {
+        fields: dict[str, Any] = {
             "name": self.name,
             "rate": str(self.rate),
             "burst": self.burst,
@@ -509,13 +542,14 @@ class RateLimiter(PolicyBase):
         buckets = self._buckets
         primary = buckets.primary if isinstance(buckets, FailoverBuckets) else buckets
         if hasattr(primary, "statistics"):
-            stats.update(primary.statistics())
-        stats.pop("lean_admitted", None)
+            fields.update(primary.statistics())
+        fields.pop("lean_admitted", None)
         if hasattr(primary, "__len__"):
-            stats["keys"] = len(primary)
+            fields["keys"] = len(primary)
         if self._failover is not None:
-            stats.update(self._failover.statistics())
-        return stats
+            fields.update(self._failover.statistics())
+        known = RateLimiterStatistics.__dataclass_fields__
+        return RateLimiterStatistics(**{k: v for k, v in fields.items() if k in known})
 
     def __repr__(self) -> str:
         return f"<RateLimiter {self.name!r} {self.rate} burst={self.burst}>"

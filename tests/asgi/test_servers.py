@@ -59,7 +59,7 @@ def test_uvicorn_fastapi_sixth_request_429_then_passes_after_retry_after() -> No
         assert refused.headers["content-type"] == "application/problem+json"
         state = limiter.try_acquire(key=digest("ip:127.0.0.1"), cost=0)
         assert state.remaining == 0
-        assert limiter.statistics()["rejected"] == 1
+        assert limiter.statistics().rejected == 1
         clock.advance(int(refused.headers["retry-after"]))
         assert client.get("/items/2").status_code == 200
 
@@ -158,4 +158,4 @@ def test_starlette_websocket_and_lifespan_untouched() -> None:
         assert client.get("/").status_code == 200
         assert client.get("/").status_code == 429
     assert lifespan_events == ["startup", "shutdown"]
-    assert limiter.statistics()["admitted"] == 1
+    assert limiter.statistics().admitted == 1

@@ -17,6 +17,7 @@ randomized schedules of several faults in a row.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import threading
 import time
@@ -121,7 +122,7 @@ class LimiterSubject(Subject):
         return f"{'allowed' if decision.allowed else 'RateLimited'} ({served})"
 
     def health(self) -> dict[str, Any]:
-        return self.policy.statistics()
+        return dataclasses.asdict(self.policy.statistics())
 
 
 class BulkheadSubject(Subject):
@@ -393,10 +394,10 @@ async def test_async_limiter_fails_over_and_recovers(
         elapsed = wall() - start
         scenario.call("allowed" if decision.allowed else "RateLimited", elapsed)
         assert elapsed <= TIMEOUT + SLACK
-    assert not limiter.statistics()["backend_healthy"]
+    assert not limiter.statistics().backend_healthy
     proxy.heal()
     start = wall()
-    while not limiter.statistics()["backend_healthy"]:
+    while not limiter.statistics().backend_healthy:
         await limiter.try_acquire_async(key="k")
         assert wall() - start <= RECOVERY, "no recovery"
         import anyio

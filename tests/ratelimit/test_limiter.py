@@ -123,7 +123,7 @@ def test_reservation_sleeps_exactly(fake_clock: FakeClock) -> None:
     times = [tick() for _ in range(4)]
     assert times == pytest.approx([0.0, 0.25, 0.5, 0.75])
     assert fake_clock.sleeps == pytest.approx([0.25, 0.25, 0.25])
-    assert limiter.statistics()["waited"] == 3
+    assert limiter.statistics().waited == 3
 
 
 def test_reservation_beyond_max_wait_is_refused_without_waiting(fake_clock: FakeClock) -> None:
@@ -171,7 +171,7 @@ def test_events_and_statistics(fake_clock: FakeClock) -> None:
     assert events[0].key == "alice"
     assert events[0].policy == "api"
     stats = limiter.statistics()
-    assert (stats["admitted"], stats["rejected"], stats["keys"]) == (1, 2, 1)
+    assert (stats.admitted, stats.rejected, stats.keys) == (1, 2, 1)
 
 
 def test_threads_never_over_admit() -> None:

@@ -15,11 +15,11 @@ def test_full_buckets_are_dropped(fake_clock: FakeClock) -> None:
     limiter = rs.RateLimiter("10/s", key=lambda k: k, clock=fake_clock)
     for i in range(100):
         limiter.try_acquire(f"user-{i}")
-    assert limiter.statistics()["keys"] == 100
+    assert limiter.statistics().keys == 100
     fake_clock.advance(0.1)  # every bucket is full again
     for i in range(60):
         limiter.try_acquire(f"new-{i}")  # each new key sweeps two full ones
-    assert limiter.statistics()["keys"] == 60
+    assert limiter.statistics().keys == 60
     assert limiter._buckets.expire() == 0
 
 
@@ -31,7 +31,7 @@ def test_expire_drops_only_full_buckets(fake_clock: FakeClock) -> None:
     limiter.try_acquire("young")
     fake_clock.advance(0.6)
     assert limiter._buckets.expire() == 1
-    assert limiter.statistics()["keys"] == 1
+    assert limiter.statistics().keys == 1
     assert not limiter.try_acquire("young").allowed  # refills at 1.5 s
 
 
@@ -42,8 +42,8 @@ def test_cap_never_over_admits(fake_clock: FakeClock) -> None:
     assert limiter.try_acquire("victim").allowed
     for i in range(5):  # pushes "victim" out of the table
         limiter.try_acquire(f"flood-{i}")
-    assert limiter.statistics()["keys"] == 3
-    assert limiter.statistics()["evictions"] >= 1
+    assert limiter.statistics().keys == 3
+    assert limiter.statistics().evictions >= 1
     assert not limiter.try_acquire("victim").allowed  # still empty: not over-admitted
     fake_clock.advance(60)
     assert limiter.try_acquire("victim").allowed
@@ -70,7 +70,7 @@ def test_bounded_table_keeps_every_key_within_the_bound(
             clock.set(t / 1e6)
         if small.try_acquire(key).allowed:
             admitted.setdefault(key, []).append(t)
-        assert small.statistics()["keys"] <= max_keys
+        assert small.statistics().keys <= max_keys
     for times in admitted.values():
         for i, start in enumerate(times):
             for count, end in enumerate(times[i:], start=1):

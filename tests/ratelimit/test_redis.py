@@ -25,7 +25,7 @@ def test_burst_then_refusal_in_one_round_trip_each(redis_server: RedisServer) ->
     stats = redis_server.commandstats()
     assert stats["evalsha"] == 4
     assert "eval" not in stats
-    assert limiter.statistics()["round_trips"] == 5
+    assert limiter.statistics().round_trips == 5
 
 
 def test_keys_are_hash_tagged_and_expire_when_full(redis_server: RedisServer) -> None:
@@ -99,7 +99,7 @@ def test_denial_cache_answers_repeat_refusals_locally(redis_server: RedisServer)
     repeats = [limiter.try_acquire("bob") for _ in range(50)]
     assert not any(repeats)
     assert redis_server.commandstats().get("evalsha", 0) == 0
-    assert limiter.statistics()["denial_cache_hits"] == 50
+    assert limiter.statistics().denial_cache_hits == 50
     assert repeats[-1].retry_after <= first_refusal.retry_after
     assert limiter.try_acquire("bob", cost=0).allowed  # a peek still asks Redis
     assert limiter.try_acquire("carol").allowed  # other keys are unaffected

@@ -90,8 +90,8 @@ def test_decisions_on_the_cluster(backend: RedisBackend, cluster: list[RedisServ
     holders = [node for node in cluster if int(node.command("DBSIZE")) > 0]
     assert len(holders) >= 2  # the keys really live on several masters
     stats = limiter.statistics()
-    assert stats["backend_errors"] == 0
-    assert stats["admitted"] == 90
+    assert stats.backend_errors == 0
+    assert stats.admitted == 90
 
 
 def test_script_flush_on_one_master_is_transparent(
@@ -104,7 +104,7 @@ def test_script_flush_on_one_master_is_transparent(
     for node in cluster:
         node.flush_scripts()
     assert all(limiter.try_acquire(f"k{i}").allowed for i in range(10))
-    assert limiter.statistics()["backend_errors"] == 0
+    assert limiter.statistics().backend_errors == 0
 
 
 def test_denial_cache_and_reservation_on_the_cluster(backend: RedisBackend) -> None:
@@ -117,7 +117,7 @@ def test_denial_cache_and_reservation_on_the_cluster(backend: RedisBackend) -> N
     assert limiter.acquire("k").wait == pytest.approx(0.1, abs=0.02)
     assert not limiter.try_acquire("k")
     assert not limiter.try_acquire("k")
-    assert limiter.statistics()["denial_cache_hits"] == 1
+    assert limiter.statistics().denial_cache_hits == 1
 
 
 @pytest.mark.anyio

@@ -71,7 +71,7 @@ def test_each_mode_under_each_fault(redis_server: RedisServer, mode: str, fault:
     kinds = {outcome for outcome, _ in outcomes}
     if fault == "script-flush":  # transparent: never a fallback
         assert kinds == {"allowed"}
-        assert stats["backend_errors"] == 0
+        assert stats.backend_errors == 0
         assert not events
         return
     failing = [latency for outcome, latency in outcomes if outcome == "backend-error"]
@@ -81,10 +81,8 @@ def test_each_mode_under_each_fault(redis_server: RedisServer, mode: str, fault:
         expected = expected | {"allowed"}
     assert kinds <= expected
     if fault != "restarted-empty":  # redis-py may reconnect to the new server at once
-        assert stats["backend_errors"] >= 1
-    assert stats["fallback_decisions"] == sum(
-        1 for e in events if isinstance(e, rs.BackendFallback)
-    )
+        assert stats.backend_errors >= 1
+    assert stats.fallback_decisions == sum(1 for e in events if isinstance(e, rs.BackendFallback))
     assert all(e.mode == mode for e in events if isinstance(e, rs.BackendFallback))
     # only probing calls touch the broken backend: at most one per probe interval
     latencies = sorted(latency for _, latency in outcomes)
@@ -99,12 +97,12 @@ def test_each_mode_under_each_fault(redis_server: RedisServer, mode: str, fault:
         assert failing
     # back on Redis within 2 s of the repair (virtual time drives the probe schedule):
     # decide every 50 ms; the probes in that window (at most 1 s apart) must succeed
-    before = limiter.statistics()["round_trips"]
+    before = limiter.statistics().round_trips
     back_after = None
     for step in range(1, 41):
         clock.advance(0.05)
         outcome = _decide(limiter, "after")[0]
-        if limiter.statistics()["backend_healthy"]:
+        if limiter.statistics().backend_healthy:
             assert outcome == "allowed"
             back_after = step * 0.05
             break
@@ -112,9 +110,9 @@ def test_each_mode_under_each_fault(redis_server: RedisServer, mode: str, fault:
     assert back_after is not None
     assert back_after <= 2.0
     after = limiter.statistics()
-    assert after["round_trips"] > before
-    if fault != "restarted-empty" or after["backend_errors"]:
-        assert after["backend_recoveries"] >= 1
+    assert after.round_trips > before
+    if fault != "restarted-empty" or after.backend_errors:
+        assert after.backend_recoveries >= 1
         assert any(isinstance(e, rs.BackendRecovered) for e in events)
 
 
@@ -128,7 +126,7 @@ def test_local_twin_uses_the_safe_rate(redis_server: RedisServer) -> None:
     assert admitted == 10  # the twin's burst scales with its rate
     clock.advance(0.1)
     assert limiter.try_acquire().allowed
-    assert limiter.statistics()["fallback_decisions"] == 51
+    assert limiter.statistics().fallback_decisions == 51
 
 
 @pytest.mark.anyio
@@ -146,13 +144,13 @@ async def test_paused_redis_never_hangs_async_callers(redis_server: RedisServer)
         redis_server.resume()
     assert all(decisions)
     assert elapsed < 1.0  # one probe paid the timeout, the others were local
-    assert limiter.statistics()["fallback_decisions"] == 20
+    assert limiter.statistics().fallback_decisions == 20
     for _ in range(40):  # back on Redis within 2 s (virtual) of the resume
         clock.advance(0.05)
         assert (await limiter.try_acquire_async("k")).allowed
-        if limiter.statistics()["backend_healthy"]:
+        if limiter.statistics().backend_healthy:
             break
-    assert limiter.statistics()["backend_healthy"]
+    assert limiter.statistics().backend_healthy
 
 
 @pytest.mark.anyio

@@ -64,7 +64,7 @@ def _worker(url: str, start_ns: int, end_ns: int, results: multiprocessing.Queue
     for thread in threads:
         thread.join()
     stats = limiter.statistics()
-    results.put((brackets, stats["round_trips"], stats["denial_cache_hits"]))
+    results.put((brackets, stats.round_trips, stats.denial_cache_hits))
 
 
 def test_processes_and_threads_hammering_one_key(redis_server: RedisServer) -> None:

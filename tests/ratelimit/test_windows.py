@@ -19,7 +19,7 @@ def test_window_algorithms_in_memory(algorithm: str) -> None:
     assert 0 < info.value.retry_after <= 60
     assert guarded("b") == "b"
     assert limiter.try_acquire("c", cost=3).remaining == 0
-    assert limiter.statistics()["algorithm"] == algorithm
+    assert limiter.statistics().algorithm == algorithm
 
 
 def test_window_peek_and_cost() -> None:
