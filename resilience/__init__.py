@@ -35,7 +35,14 @@ from ._events import (
     remove_listener,
 )
 from ._fallback import Fallback, FallbackStatistics
-from ._policy import Pipeline, PipelineOrderWarning, Policy, PolicyBase, decorate
+from ._policy import (
+    Pipeline,
+    PipelineOrderWarning,
+    PipelineStatistics,
+    Policy,
+    PolicyBase,
+    decorate,
+)
 from ._retry import Retry, RetryStatistics
 from ._timeout import Timeout, TimeoutStatistics
 from .breaker import BreakerStateChanged, BreakerStatistics, CircuitBreaker, CircuitState
@@ -83,6 +90,7 @@ __all__ = [
     "Listener",
     "Pipeline",
     "PipelineOrderWarning",
+    "PipelineStatistics",
     "Policy",
     "PolicyBase",
     "Rate",

@@ -18,11 +18,12 @@ import functools
 import inspect
 import warnings
 from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
 from typing import Any, ParamSpec, Protocol, TypeVar, cast, runtime_checkable
 
 from ._events import Observable
 
-__all__ = ["Pipeline", "Policy", "PolicyBase", "decorate"]
+__all__ = ["Pipeline", "PipelineStatistics", "Policy", "PolicyBase", "decorate"]
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -248,6 +249,19 @@ class Pipeline(PolicyBase):
 
         return cast(Callable[P, T], wrapper)
 
+    def statistics(self) -> PipelineStatistics:
+        """Each policy's own ``statistics()``, outermost first (``None`` if it has none).
+
+        Example::
+
+            fallback_stats, retry_stats = rs.Pipeline(rs.Fallback(0), retry).statistics().policies
+        """
+        snapshots = []
+        for policy in self.policies:
+            statistics = getattr(policy, "statistics", None)
+            snapshots.append(statistics() if callable(statistics) else None)
+        return PipelineStatistics(tuple(snapshots))
+
     def __iter__(self) -> Any:
         return iter(self.policies)
 
@@ -257,6 +271,19 @@ class Pipeline(PolicyBase):
     def __repr__(self) -> str:
         inner = ", ".join(repr(p) for p in self.policies)
         return f"Pipeline({inner})"
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineStatistics:
+    """The statistics of a :class:`Pipeline`'s policies, outermost first.
+
+    Example::
+
+        for snapshot in pipeline.statistics().policies:
+            print(snapshot)
+    """
+
+    policies: tuple[Any, ...]
 
 
 class PipelineOrderWarning(UserWarning):

@@ -215,3 +215,13 @@ def test_global_listeners_see_every_policy() -> None:
         rs.remove_listener(seen.append)
     rs.Fallback(0)(lambda: (_ for _ in ()).throw(rs.Rejected()))()
     assert len(seen) == 1
+
+
+def test_pipeline_statistics_collects_each_policy() -> None:
+    """Pipeline.statistics() lists every policy's snapshot, outermost first."""
+    fallback = rs.Fallback("x")
+    retry = rs.Retry(on=OSError)
+    pipeline = rs.Pipeline(fallback, retry, Limiter())
+    pipeline(lambda: (_ for _ in ()).throw(rs.Rejected()))()
+    stats = pipeline.statistics()
+    assert stats.policies == (rs.FallbackStatistics(used=1), retry.statistics(), None)
