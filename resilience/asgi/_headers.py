@@ -152,11 +152,14 @@ class RateLimitHeaders:
 
     def admitted(self, decision: Any) -> Sequence[Header]:
         """The fields for a response to an admitted request."""
-        reset = decision.reset_after
+        return self.admitted_values(decision.remaining, decision.reset_after)
+
+    def admitted_values(self, remaining: int, reset: float) -> Sequence[Header]:
+        """:meth:`admitted` from a decision's ``remaining`` and ``reset_after``."""
         seconds = math.ceil(reset - 1e-9) if reset > 0 else 0
         if not self._ietf_only:
-            return self._render(decision.remaining, seconds)
-        state = (decision.remaining, seconds)
+            return self._render(remaining, seconds)
+        state = (remaining, seconds)
         fields = self._fields.get(state)
         if fields is None:  # the default: two fields, rendered once per distinct state
             fields = (self._policy, (b"ratelimit", self._template % state))

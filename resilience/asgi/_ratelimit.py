@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from re import Pattern
 from typing import Any
 
 from .._events import GLOBAL_LISTENERS, Listener
 from .._validate import check_callable, check_choice, check_int
+from ..backends._memory import MemoryBuckets
 from ..errors import BackendError, ConfigurationError
+from ..ratelimit import RateLimiter
 from ._base import Observed
 from ._events import RequestAdmitted, ShadowRejected
 from ._headers import HEADER_MODES, RateLimitHeaders, retry_after_value
@@ -31,13 +33,23 @@ def _policy_name(limiter: Any, explicit: str | None, fallback: str) -> str:
     return fallback
 
 
+def _no_count(decision: Any, key: str) -> Any:
+    return decision
+
+
+def _no_state(fill: int) -> tuple[int, float]:
+    raise AssertionError("admitted_state is only used with take_one")
+
+
 class _Plan:
     """Everything one rule (or the default) needs per request, resolved at construction."""
 
     __slots__ = (
         "acquire",
+        "admitted_state",
         "cost",
         "cost_fn",
+        "count",
         "decide",
         "headers",
         "key",
@@ -45,6 +57,7 @@ class _Plan:
         "name",
         "policy",
         "problem",
+        "take_one",
     )
 
     def __init__(
@@ -76,6 +89,22 @@ class _Plan:
             self.cost = check_int("cost", cost, minimum=0)
         self.name = name
         self.headers = RateLimitHeaders(name, limiter, headers)
+        # The leanest path: an in-memory token bucket taking one token. The buckets'
+        # take_one() returns the ticks until full when admitted (no Decision built), or
+        # the refusal's Decision, which the limiter then counts as try_acquire would.
+        buckets = getattr(limiter, "_buckets", None)
+        self.take_one: Callable[[str], Any] | None = None
+        self.count: Callable[[Any, str], Any] = _no_count
+        self.admitted_state: Callable[[int], tuple[int, float]] = _no_state
+        if (
+            type(limiter) is RateLimiter
+            and type(buckets) is MemoryBuckets
+            and self.cost_fn is None
+            and self.cost == 1
+        ):
+            self.take_one = buckets.take_one
+            self.count = limiter._count
+            self.admitted_state = buckets.gcra.admitted_state
         self.problem = Problem(
             429,
             QUOTA_EXCEEDED,
@@ -128,6 +157,7 @@ class RateLimitMiddleware(Observed):
         "_default",
         "_exempt_path",
         "_exempt_when",
+        "_fast",
         "_hash",
         "_listeners",
         "_match",
@@ -218,6 +248,15 @@ class RateLimitMiddleware(Observed):
         )
         # Shadow mode and headers="none" add nothing to responses.
         self._quiet = self.shadow or headers == "none"
+        #: The plan of every request when the lean path applies (see __call__).
+        self._fast = (
+            self._default
+            if self._simple
+            and not self._quiet
+            and self._default is not None
+            and self._default.take_one is not None
+            else None
+        )
         self._unavailable = Problem(
             503,
             REDUCED_CAPACITY,
@@ -262,6 +301,33 @@ class RateLimitMiddleware(Observed):
         return plan
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        plan = self._fast
+        if (
+            plan is not None
+            and scope["type"] == "http"
+            and not (GLOBAL_LISTENERS or self._listeners)
+        ):
+            # The common setup (one in-memory limiter, headers on, nobody listening):
+            # the general path below with every check that cannot apply left out.
+            key = plan.key(scope)
+            if key is None:
+                await self.app(scope, receive, send)
+                return
+            if self._hash:
+                key = _DIGESTS.get(key) or cached_digest(key)
+            fill = plan.take_one(key)  # type: ignore[misc]
+            if fill.__class__ is not int:
+                await self._refused(scope, receive, send, plan, key, plan.count(fill, key))
+                return
+            extra = plan.headers.admitted_values(*plan.admitted_state(fill))
+
+            def send_fast(message: Message) -> Awaitable[None]:
+                if message["type"] == "http.response.start":
+                    message["headers"] = [*message.get("headers", ()), *extra]
+                return send(message)
+
+            await self.app(scope, receive, send_fast)
+            return
         kind = scope["type"]
         if kind != "http" and kind not in self._scope_types:
             await self.app(scope, receive, send)
@@ -276,48 +342,68 @@ class RateLimitMiddleware(Observed):
             return
         if self._hash:
             key = _DIGESTS.get(key) or cached_digest(key)
-        cost = plan.cost if plan.cost_fn is None else plan.cost_fn(scope)
-        try:
-            if plan.decide is not None:
-                decision = plan.decide(key, cost)
-            else:
-                decision = await plan.acquire(key, cost)
-        except BackendError:
-            self.backend_errors += 1
-            if self.shadow:
+        take_one = plan.take_one
+        if take_one is not None:
+            fill = take_one(key)
+            if fill.__class__ is not int:  # refused: the Decision, counted by the limiter
+                await self._refused(scope, receive, send, plan, key, plan.count(fill, key))
+                return
+            if GLOBAL_LISTENERS or self._listeners:
+                self._emit(RequestAdmitted(policy=plan.policy, key=key))
+            if self._quiet or kind != "http":
                 await self.app(scope, receive, send)
                 return
-            await self._refuse(scope, send, self._unavailable, [(b"retry-after", b"1")], 1011)
-            return
-        if not decision.allowed:
-            if self.shadow:
-                self.shadow_rejected += 1
-                if self._observed:
-                    self._emit(
-                        ShadowRejected(
-                            policy=plan.policy, key=key, retry_after=decision.retry_after
-                        )
-                    )
+            # Decision.remaining and .reset_after, from the ticks until the bucket is full.
+            extra = plan.headers.admitted_values(*plan.admitted_state(fill))
+        else:
+            cost = plan.cost if plan.cost_fn is None else plan.cost_fn(scope)
+            try:
+                if plan.decide is not None:
+                    decision = plan.decide(key, cost)
+                else:
+                    decision = await plan.acquire(key, cost)
+            except BackendError:
+                self.backend_errors += 1
+                if self.shadow:
+                    await self.app(scope, receive, send)
+                    return
+                await self._refuse(scope, send, self._unavailable, [(b"retry-after", b"1")], 1011)
+                return
+            if not decision.allowed:
+                await self._refused(scope, receive, send, plan, key, decision)
+                return
+            if GLOBAL_LISTENERS or self._listeners:
+                self._emit(RequestAdmitted(policy=plan.policy, key=key))
+            if self._quiet or kind != "http":
                 await self.app(scope, receive, send)
                 return
-            self.rejected += 1
-            headers = [(b"retry-after", retry_after_value(decision.retry_after))]
-            headers.extend(plan.headers.refused(decision))
-            await self._refuse(scope, send, plan.problem, headers, 1013)
-            return
-        if GLOBAL_LISTENERS or self._listeners:
-            self._emit(RequestAdmitted(policy=plan.policy, key=key))
-        if self._quiet or kind != "http":
-            await self.app(scope, receive, send)
-            return
-        extra = plan.headers.admitted(decision)
+            extra = plan.headers.admitted(decision)
 
-        async def send_with_headers(message: Message) -> None:
+        # A plain function returning the server's own awaitable: no extra coroutine per
+        # message; only http.response.start is touched, the body streams through as is.
+        def send_with_headers(message: Message) -> Awaitable[None]:
             if message["type"] == "http.response.start":
                 message["headers"] = [*message.get("headers", ()), *extra]
-            await send(message)
+            return send(message)
 
         await self.app(scope, receive, send_with_headers)
+
+    async def _refused(
+        self, scope: Scope, receive: Receive, send: Send, plan: _Plan, key: str, decision: Any
+    ) -> None:
+        """A refused decision: 429 (or, in shadow mode, count it and let the request in)."""
+        if self.shadow:
+            self.shadow_rejected += 1
+            if self._observed:
+                self._emit(
+                    ShadowRejected(policy=plan.policy, key=key, retry_after=decision.retry_after)
+                )
+            await self.app(scope, receive, send)
+            return
+        self.rejected += 1
+        headers = [(b"retry-after", retry_after_value(decision.retry_after))]
+        headers.extend(plan.headers.refused(decision))
+        await self._refuse(scope, send, plan.problem, headers, 1013)
 
     @staticmethod
     async def _refuse(

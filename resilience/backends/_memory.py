@@ -179,6 +179,23 @@ class MemoryBuckets:
             return 0.0 if wait <= 0 else self.gcra.seconds(wait)
         return -self.gcra.seconds(wait)
 
+    def take_one(self, key: Hashable) -> int | Decision:
+        """``take(key, 1, 0)`` for a keyed bucket, lean when admitted.
+
+        Admitted: the ticks until the bucket is full again (an ``int >= 0``; counted in
+        :attr:`admitted`), from which ``remaining`` and ``reset_after`` follow exactly
+        as in the :class:`Decision`. Refused: the refusal's :class:`Decision` (not
+        counted). The hot path of the ASGI rate-limit middleware.
+        """
+        now = self._now()
+        with self._lock:
+            allowed, tat, wait = self._take_keyed(key, now, 1, 0)
+            if allowed:
+                self.admitted += 1
+        if wait <= 0:
+            return tat - now
+        return self.gcra.decision(False, tat, wait, now)
+
     def take(self, key: Hashable, cost: int, max_wait_us: int) -> Decision:
         """Take ``cost`` tokens for ``key`` (0 peeks) and return the full :class:`Decision`."""
         now = self._now()

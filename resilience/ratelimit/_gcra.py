@@ -143,6 +143,14 @@ class GCRA:
             return False, tat, wait
         return True, new_tat, wait
 
+    def admitted_state(self, fill: int) -> tuple[int, float]:
+        """``(remaining, reset_after)`` of an admission whose bucket is ``fill`` ticks from full.
+
+        ``fill`` is ``tat_after - now``; the values equal the admitted :class:`Decision`'s
+        (for callers that need the two numbers without building a Decision).
+        """
+        return (self.tolerance - fill) // self.emission, fill / self._ticks_per_s
+
     def decision(self, allowed: bool, tat: int, wait: int, now: int) -> Decision:
         """The :class:`Decision` for the outcome ``(allowed, tat, wait)`` of :meth:`take`."""
         remaining = (now + self.tolerance - tat) // self.emission
