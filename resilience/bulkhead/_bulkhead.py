@@ -205,20 +205,10 @@ class Bulkhead(PolicyBase):
         """
         if self._remote is not None:
             return self._remote.acquire(key, self._default_priority, 0.0)
-        self._lock.acquire()
-        try:
-            n = self._in_use.get(key, 0)
-            if n < self._limit:
-                self._in_use[key] = n = n + 1
-            else:
-                n = 0
-        finally:
-            self._lock.release()
+        n = self._slots.try_acquire(key)
         if not n:
             raise self._rejected(key)
-        if n == self._limit and self._slots.sampling:
-            return Permit(self, key, self._now())
-        return Permit(self, key)
+        return Permit(self, key, self._sample_start(n))
 
     def acquire(
         self, key: Hashable = None, *, priority: int | None = None, max_wait: float | None = None
@@ -267,10 +257,11 @@ class Bulkhead(PolicyBase):
 
     # ------------------------------------------------------------------ policy
 
-    # The admitted path below inlines Slots.try_acquire / Slots.release (uncontended
-    # branch only): one lock round trip each way, no call layers, no allocation. Any
-    # other case (full, waiters present, distributed) goes through the Slots methods.
-    # Explicit acquire()/try/finally/release() costs half of ``with lock:`` on 3.11.
+    # ``with bulkhead`` / ``async with bulkhead`` (below call/call_async) inline
+    # Slots.try_acquire / Slots.release (uncontended branch only): one lock round trip
+    # each way, no call layers, no allocation. Any other case (full, waiters present,
+    # distributed) goes through the Slots methods. Explicit acquire()/try/finally/
+    # release() costs half of ``with lock:`` on 3.11.
 
     def call(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
         """Run ``fn(*args, **kwargs)`` holding a slot of its key (waits up to ``max_wait``).
@@ -281,19 +272,11 @@ class Bulkhead(PolicyBase):
         if self._remote is not None:
             priority = self._call_priority(args, kwargs)
             return self._remote.call(fn, key, priority, args, kwargs)
-        self._lock.acquire()
-        try:
-            n = self._in_use.get(key, 0)
-            if n < self._limit:
-                self._in_use[key] = n = n + 1
-            else:
-                n = 0
-        finally:
-            self._lock.release()
+        n = self._slots.try_acquire(key)
         if not n:
             self._wait(key, self._call_priority(args, kwargs), self.max_wait)
             n = self._limit
-        t0 = self._now() if n == self._limit and self._slots.sampling else None
+        t0 = self._sample_start(n)
         try:
             return fn(*args, **kwargs)
         finally:
@@ -308,19 +291,11 @@ class Bulkhead(PolicyBase):
         if self._remote is not None:
             priority = self._call_priority(args, kwargs)
             return await self._remote.call_async(fn, key, priority, args, kwargs)
-        self._lock.acquire()
-        try:
-            n = self._in_use.get(key, 0)
-            if n < self._limit:
-                self._in_use[key] = n = n + 1
-            else:
-                n = 0
-        finally:
-            self._lock.release()
+        n = self._slots.try_acquire(key)
         if not n:
             await self._wait_async(key, self._call_priority(args, kwargs), self.max_wait)
             n = self._limit
-        t0 = self._now() if n == self._limit and self._slots.sampling else None
+        t0 = self._sample_start(n)
         try:
             return await fn(*args, **kwargs)
         finally:
