@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from ._events import FallbackUsed
-from ._matching import exception_filter
+from ._matching import ExceptionMatcher
 from ._policy import PolicyBase
 from ._timeout import Timeout
 from .errors import Rejected
@@ -55,17 +55,11 @@ class Fallback(PolicyBase):
         name: str | None = None,
     ) -> None:
         super().__init__(name=name)
-        self._types, self._predicate = exception_filter("on", on)
+        self._matches = ExceptionMatcher("on", on)
         self._callable = callable(value_or_callable)
         self._value = value_or_callable
         self._takes_error = self._callable and _accepts_argument(value_or_callable)
         self._used = 0
-
-    def _matches(self, exc: Exception) -> bool:
-        if self._types is not None:
-            return isinstance(exc, self._types)
-        assert self._predicate is not None
-        return bool(self._predicate(exc))
 
     def _degraded(self, exc: Exception) -> Any:
         self._used += 1

@@ -7,7 +7,7 @@ from typing import Any
 
 from .errors import ConfigurationError
 
-__all__ = ["ExceptionFilter", "exception_filter"]
+__all__ = ["ExceptionFilter", "ExceptionMatcher", "exception_filter"]
 
 #: What ``on=`` accepts: an exception type, a tuple of them, or a predicate.
 ExceptionFilter = (
@@ -35,6 +35,29 @@ def exception_filter(
     raise ConfigurationError(
         f"{name} must be an exception type, a tuple of them, or a predicate, got {on!r}"
     )
+
+
+class ExceptionMatcher:
+    """One ``on=`` argument, validated once: ``matcher(exc)`` tells whether it applies.
+
+    ``types`` holds the exception types when ``on`` named types (``None`` for a
+    predicate), for checks made at construction such as :meth:`may_match`.
+    """
+
+    __slots__ = ("predicate", "types")
+
+    def __init__(self, name: str, on: Any) -> None:
+        self.types, self.predicate = exception_filter(name, on)
+
+    def __call__(self, exc: BaseException) -> bool:
+        if self.types is not None:
+            return isinstance(exc, self.types)
+        assert self.predicate is not None
+        return bool(self.predicate(exc))
+
+    def may_match(self, target: type[BaseException]) -> bool:
+        """Whether this can match ``target`` (or a subclass of it); a predicate may."""
+        return may_match(self.types, target)
 
 
 def may_match(types: tuple[type[BaseException], ...] | None, target: type[BaseException]) -> bool:

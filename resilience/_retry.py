@@ -11,7 +11,7 @@ from . import _deadline
 from ._budget import RetryBudget
 from ._clock import SYSTEM_CLOCK, Clock
 from ._events import RetriesExhausted, RetryBudgetExhausted, RetryScheduled
-from ._matching import exception_filter, may_match
+from ._matching import ExceptionMatcher
 from ._policy import PolicyBase
 from ._validate import check_callable, check_int, check_number
 from .backoff import full_jitter
@@ -91,7 +91,7 @@ class Retry(PolicyBase):
         name: str | None = None,
     ) -> None:
         super().__init__(name=name)
-        self._types, self._predicate = exception_filter("on", on)
+        self._matches = ExceptionMatcher("on", on)
         self._on_result = check_callable("on_result", on_result)
         self.attempts: int = check_int("attempts", attempts, minimum=1)
         self.deadline: float | None = check_number(
@@ -114,13 +114,7 @@ class Retry(PolicyBase):
     @property
     def retries_rejections(self) -> bool:
         """Whether this retry may retry :class:`Rejected` errors (used by Pipeline checks)."""
-        return may_match(self._types, Rejected)
-
-    def _matches(self, exc: Exception) -> bool:
-        if self._types is not None:
-            return isinstance(exc, self._types)
-        assert self._predicate is not None
-        return bool(self._predicate(exc))
+        return self._matches.may_match(Rejected)
 
     # -- the core: pure decisions, shared by both shells ----------------------------
 

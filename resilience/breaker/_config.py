@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .._matching import exception_filter
+from .._matching import ExceptionMatcher
 from .._validate import check_callable, check_choice, check_int, check_number, check_probability
 from ..errors import ConfigurationError, Rejected
 
@@ -18,21 +18,11 @@ SUCCESS: Outcome = "success"
 FAILURE: Outcome = "failure"
 IGNORE: Outcome = "ignored"
 
-_Filter = tuple[tuple[type[BaseException], ...] | None, Callable[[BaseException], bool] | None]
 
-
-def _filter(name: str, value: Any) -> _Filter | None:
+def _filter(name: str, value: Any) -> ExceptionMatcher | None:
     if value is None or value == ():
         return None
-    return exception_filter(name, value)
-
-
-def _matches(flt: _Filter, exc: BaseException) -> bool:
-    types, predicate = flt
-    if types is not None:
-        return isinstance(exc, types)
-    assert predicate is not None
-    return bool(predicate(exc))
+    return ExceptionMatcher(name, value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,8 +51,8 @@ class BreakerConfig:
     open_for_jitter: float
     half_open_calls: int
     max_half_open_wait: float | None
-    record: _Filter | None
-    exclude: _Filter | None
+    record: ExceptionMatcher | None
+    exclude: ExceptionMatcher | None
     record_result: Callable[[Any], bool] | None
     record_rejected: bool
 
@@ -177,12 +167,12 @@ class BreakerConfig:
         """
         if not isinstance(exc, Exception):
             return IGNORE
-        if self.exclude is not None and _matches(self.exclude, exc):
+        if self.exclude is not None and self.exclude(exc):
             return IGNORE
         if isinstance(exc, Rejected) and not self.record_rejected:
             return IGNORE
         if self.record is not None and not explicit:
-            return FAILURE if _matches(self.record, exc) else SUCCESS
+            return FAILURE if self.record(exc) else SUCCESS
         return FAILURE
 
     def judge(self, result: object) -> Outcome:
