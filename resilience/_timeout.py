@@ -107,14 +107,9 @@ class Timeout(PolicyBase, ResilienceError, TimeoutError):
         self._timed_out += 1
         if self._observed:
             self._emit(TimedOut(policy=self.name, seconds=seconds))
-        error = Timeout.__new__(Timeout, seconds)
-        PolicyBase.__init__(error, name=self.name)
-        error.seconds = seconds
-        error._clock = self._clock
-        error._timed_out = 0
-        error._fake_timers = self._fake_timers
-        ResilienceError.__init__(error, f"timed out after {seconds:g}s")
-        return error
+        # The raised error is a fresh instance (``seconds`` is positive here: the
+        # limit that was applied), never the shared policy object.
+        return Timeout(seconds, clock=self._clock, name=self.name)
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (Timeout, (self.seconds,))
