@@ -216,38 +216,25 @@ class Pipeline(PolicyBase):
         """Run ``await fn(*args, **kwargs)`` through every policy, outermost first."""
         return await self._chain(fn, is_async=True)(*args, **kwargs)  # type: ignore[no-any-return]
 
-    def __call__(self, fn: Callable[P, T]) -> Callable[P, T]:
-        """Decorate ``fn``; the chain of policies is built once, not per call.
-
-        Example::
-
-            @rs.Pipeline(rs.Retry(on=OSError), rs.Timeout(1.0))
-            async def fetch(url: str) -> bytes: ...
-        """
-        if isinstance(fn, classmethod | staticmethod):
-            return cast(Callable[P, T], type(fn)(self(fn.__func__)))
-        if inspect.iscoroutinefunction(fn):
-            chain_async = self._chain(fn, is_async=True)
-            if inspect.iscoroutinefunction(chain_async) and chain_async is not fn:
-                return cast(Callable[P, T], functools.wraps(fn)(chain_async))
-
-            @functools.wraps(fn)
-            async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-                return await chain_async(*args, **kwargs)
-
-            return cast(Callable[P, T], async_wrapper)
-        if not callable(fn):
-            raise TypeError(f"a policy decorates a function or method, got {fn!r}")
-        chain = self._chain(fn, is_async=False)
-        if inspect.isfunction(chain) and chain is not fn:
+    def _wrap(self, fn: Callable[..., Any], is_async: bool) -> Callable[..., Any] | None:
+        """The decorator body (see ``decorate``): the chain of policies, built once."""
+        chain = self._chain(fn, is_async=is_async)
+        if chain is fn:  # an empty pipeline: the general wrapper will do
+            return None
+        if inspect.isfunction(chain):
             # The outermost layer is a fresh function: it can be the wrapper itself.
-            return cast(Callable[P, T], functools.wraps(fn)(chain))
+            return chain
+        if is_async:
 
-        @functools.wraps(fn)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            async def pipeline_async(*args: Any, **kwargs: Any) -> Any:
+                return await chain(*args, **kwargs)
+
+            return pipeline_async
+
+        def pipeline_sync(*args: Any, **kwargs: Any) -> Any:
             return chain(*args, **kwargs)
 
-        return cast(Callable[P, T], wrapper)
+        return pipeline_sync
 
     def statistics(self) -> PipelineStatistics:
         """Each policy's own ``statistics()``, outermost first (``None`` if it has none).
