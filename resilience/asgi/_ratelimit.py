@@ -157,7 +157,6 @@ class RateLimitMiddleware(Observed):
         "_default",
         "_exempt_path",
         "_exempt_when",
-        "_fast",
         "_hash",
         "_listeners",
         "_match",
@@ -248,15 +247,6 @@ class RateLimitMiddleware(Observed):
         )
         # Shadow mode and headers="none" add nothing to responses.
         self._quiet = self.shadow or headers == "none"
-        #: The plan of every request when the lean path applies (see __call__).
-        self._fast = (
-            self._default
-            if self._simple
-            and not self._quiet
-            and self._default is not None
-            and self._default.take_one is not None
-            else None
-        )
         self._unavailable = Problem(
             503,
             REDUCED_CAPACITY,
@@ -301,33 +291,6 @@ class RateLimitMiddleware(Observed):
         return plan
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        plan = self._fast
-        if (
-            plan is not None
-            and scope["type"] == "http"
-            and not (GLOBAL_LISTENERS or self._listeners)
-        ):
-            # The common setup (one in-memory limiter, headers on, nobody listening):
-            # the general path below with every check that cannot apply left out.
-            key = plan.key(scope)
-            if key is None:
-                await self.app(scope, receive, send)
-                return
-            if self._hash:
-                key = _DIGESTS.get(key) or cached_digest(key)
-            fill = plan.take_one(key)  # type: ignore[misc]
-            if fill.__class__ is not int:
-                await self._refused(scope, receive, send, plan, key, plan.count(fill, key))
-                return
-            extra = plan.headers.admitted_values(*plan.admitted_state(fill))
-
-            def send_fast(message: Message) -> Awaitable[None]:
-                if message["type"] == "http.response.start":
-                    message["headers"] = [*message.get("headers", ()), *extra]
-                return send(message)
-
-            await self.app(scope, receive, send_fast)
-            return
         kind = scope["type"]
         if kind != "http" and kind not in self._scope_types:
             await self.app(scope, receive, send)
