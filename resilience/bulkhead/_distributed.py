@@ -14,7 +14,11 @@ token, reaping expired leases), renew and release a lease in one ``EVALSHA`` eac
   is not guaranteed).
 * When Redis fails, ``on_backend_error`` applies through the shared
   :class:`~resilience.backends.Failover`: an in-process twin of ``local_limit`` slots,
-  admit, or raise :class:`~resilience.BackendError`.
+  admit, or raise :class:`~resilience.BackendError`. The twin is the process's ledger:
+  every lease granted here also occupies a twin slot, so the leases held when Redis
+  fails count against ``local_limit``. When Redis answers again the keeper sends the
+  releases that failed and enters the local slots still held as leases (past the limit
+  if need be: their holders are running), so Redis counts the whole fleet again.
 """
 
 from __future__ import annotations
@@ -59,6 +63,11 @@ COUNT_LUA = _lua("bulkhead_count.lua")
 
 _now = time.monotonic
 
+# The limit passed when a local slot is entered in Redis after an outage: always admitted.
+_PAST_ANY_LIMIT = 2**31
+# Failed releases remembered for the recovery (beyond this the oldest are dropped).
+_MAX_UNRELEASED = 10_000
+
 
 def _new_token() -> str:
     return os.urandom(12).hex()
@@ -90,12 +99,21 @@ class LeasePermit(Permit):
         "_dist",
         "_job",
         "_lost",
+        "_registered",
         "keys",
         "reason",
         "token",
     )
 
-    def __init__(self, dist: Distributed, key: Hashable, keys: list[str], token: str) -> None:
+    def __init__(
+        self,
+        dist: Distributed,
+        key: Hashable,
+        keys: list[str],
+        token: str,
+        *,
+        registered: bool = True,
+    ) -> None:
         super().__init__(dist.owner, key, _now())
         self._dist = dist
         #: The Redis keys of this lease (the sorted set, the waiting flag).
@@ -107,6 +125,9 @@ class LeasePermit(Permit):
         self.reason = ""
         self._callbacks: list[Callable[[], object]] = []
         self._job: _Renewal | None = None
+        # False for a slot of the local twin taken while Redis failed, until it is
+        # entered in Redis (adopted) once Redis answers again.
+        self._registered = registered
 
     @property
     def lost(self) -> bool:
@@ -126,53 +147,39 @@ class LeasePermit(Permit):
 
     def release(self) -> None:
         """Release the lease (one EVALSHA); raises :class:`LeaseLost` if it was lost."""
-        if not self._dist.begin_release(self):
-            return
-        try:
-            removed = self._dist.release_script.run(self.keys, self._dist.release_args(self))
-        except BackendError:
-            removed = None  # Redis is down: the lease expires by itself
-        self._dist.end_release(self, removed, quiet=False)
+        self._release(quiet=False)
 
     async def release_async(self) -> None:
         """Release the lease without blocking the event loop; see :meth:`release`."""
-        if not self._dist.begin_release(self):
-            return
-        try:
-            removed = await self._dist.release_script.run_async(
-                self.keys, self._dist.release_args(self)
-            )
-        except BackendError:
-            removed = None
-        except BaseException:
-            self._dist.release_later(self.keys, self.token)
-            self._dist.end_release(self, None, quiet=True)
-            raise
-        self._dist.end_release(self, removed, quiet=False)
+        await self._release_async(quiet=False)
 
-    def _release_quietly(self) -> None:
-        if not self._dist.begin_release(self):
+    def _release(self, *, quiet: bool) -> None:
+        dist = self._dist
+        if not dist.begin_release(self):
             return
-        try:
-            removed = self._dist.release_script.run(self.keys, self._dist.release_args(self))
-        except BackendError:
-            removed = None
-        self._dist.end_release(self, removed, quiet=True)
+        removed = None  # a local slot never entered Redis: nothing to remove there
+        if self._registered:
+            try:
+                removed = dist.release_script.run(self.keys, dist.release_args(self))
+            except BackendError:
+                dist.release_on_recovery(self.keys, self.token)
+        dist.end_release(self, removed, quiet=quiet)
 
-    async def _release_quietly_async(self) -> None:
-        if not self._dist.begin_release(self):
+    async def _release_async(self, *, quiet: bool) -> None:
+        dist = self._dist
+        if not dist.begin_release(self):
             return
-        try:
-            removed = await self._dist.release_script.run_async(
-                self.keys, self._dist.release_args(self)
-            )
-        except BackendError:
-            removed = None
-        except BaseException:
-            self._dist.release_later(self.keys, self.token)
-            self._dist.end_release(self, None, quiet=True)
-            raise
-        self._dist.end_release(self, removed, quiet=True)
+        removed = None
+        if self._registered:
+            try:
+                removed = await dist.release_script.run_async(self.keys, dist.release_args(self))
+            except BackendError:
+                dist.release_on_recovery(self.keys, self.token)
+            except BaseException:
+                dist.release_later(self.keys, self.token)
+                dist.end_release(self, None, quiet=True)
+                raise
+        dist.end_release(self, removed, quiet=quiet)
 
     def __exit__(
         self,
@@ -180,10 +187,7 @@ class LeasePermit(Permit):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if exc_type is None:
-            self.release()
-        else:
-            self._release_quietly()
+        self._release(quiet=exc_type is not None)
 
     async def __aexit__(
         self,
@@ -191,10 +195,7 @@ class LeasePermit(Permit):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if exc_type is None:
-            await self.release_async()
-        else:
-            await self._release_quietly_async()
+        await self._release_async(quiet=exc_type is not None)
 
     def _mark_lost(self, reason: str) -> bool:
         """Record the loss (once, while held); returns whether this call recorded it."""
@@ -373,7 +374,14 @@ class Distributed:
         self.channel = backend.key("bulkhead", owner.name) + ":released"
         self.lock = threading.Lock()
         self._queues: dict[str, _LocalQueue] = {}
+        # Permits held by this process per key: leases and local slots (when a twin
+        # exists its counts are the same, because it is this process's ledger).
         self._held: dict[Hashable, int] = {}
+        # Local slots taken while Redis failed, not yet entered in Redis (by token).
+        self._local: weakref.WeakValueDictionary[str, LeasePermit] = weakref.WeakValueDictionary()
+        # Releases that failed while Redis was down: (expiry, keys, token), sent on recovery.
+        self._unreleased: list[tuple[float, list[str], str]] = []
+        self._reconciling = False
         self._seq = itertools.count()
         #: Leases lost while held, since construction.
         self.leases_lost = 0
@@ -506,6 +514,8 @@ class Distributed:
         """Turn a reply of the acquire script into a permit or a sleep (raises if full)."""
         attempt.in_flight = False
         self.failover.succeeded()
+        if self._local or self._unreleased:
+            self._reconcile_soon()
         granted, count, wait_ms = int(reply[0]), int(reply[1]), int(reply[2])
         if granted:
             permit = self._grant(attempt)
@@ -553,6 +563,8 @@ class Distributed:
         key = attempt.key
         with self.lock:
             self._held[key] = self._held.get(key, 0) + 1
+        if self.twin is not None:
+            self.twin._slots.occupy(key)
         KEEPER.schedule(_now() + self.renew_every, job)
         return permit
 
@@ -562,7 +574,8 @@ class Distributed:
             self.failover.raise_closed()
         if mode == "open" or self.twin is None:
             return _OpenPermit(self.owner, key)
-        return self.twin.acquire(key, priority=priority, max_wait=max_wait)
+        self.twin.acquire(key, priority=priority, max_wait=max_wait)
+        return self._local_slot(key)
 
     async def _degraded_async(self, key: Hashable, priority: int, max_wait: float) -> Permit:
         mode = self.failover.mode
@@ -570,7 +583,76 @@ class Distributed:
             self.failover.raise_closed()
         if mode == "open" or self.twin is None:
             return _OpenPermit(self.owner, key)
-        return await self.twin.acquire_async(key, priority=priority, max_wait=max_wait)
+        await self.twin.acquire_async(key, priority=priority, max_wait=max_wait)
+        return self._local_slot(key)
+
+    def _local_slot(self, key: Hashable) -> LeasePermit:
+        """A twin slot was taken while Redis failed: a permit to enter in Redis later.
+
+        The twin slot itself is given back through :meth:`forget_held` at release.
+        """
+        permit = LeasePermit(self, key, self.keys_for(key), _new_token(), registered=False)
+        with self.lock:
+            self._held[key] = self._held.get(key, 0) + 1
+            self._local[permit.token] = permit
+        if self.failover.healthy:  # Redis came back while this caller waited
+            self._reconcile_soon()
+        return permit
+
+    # ------------------------------------------------------------------ after an outage
+
+    def _reconcile_soon(self) -> None:
+        with self.lock:
+            if self._reconciling:
+                return
+            self._reconciling = True
+        KEEPER.soon(self._reconcile)
+
+    def _reconcile(self) -> None:
+        """Redis answers again: make it count what this process did without it.
+
+        Releases that failed are sent (their slots would stay taken until the leases
+        expire), and every local slot still held becomes a lease (entered past the
+        limit if need be: its holder is running) renewed like any other. Until then
+        other processes cannot see these holders; see docs/bulkhead.md.
+        """
+        with self.lock:
+            self._reconciling = False
+            unreleased, self._unreleased = self._unreleased, []
+            local = list(self._local.values())
+        now = _now()
+        for i, (expiry, keys, token) in enumerate(unreleased):
+            if expiry <= now:
+                continue  # expired in Redis by now
+            try:
+                self.release_script.run(keys, self.release_args(token))
+            except BackendError:
+                with self.lock:
+                    self._unreleased[:0] = unreleased[i:]
+                return
+        for permit in local:
+            sent = _now()
+            try:
+                self.acquire_script.run(permit.keys, [permit.token, _PAST_ANY_LIMIT, self.lease_ms])
+            except BackendError:
+                return  # still listed: the next success tries again
+            with self.lock:
+                self._local.pop(permit.token, None)
+                released = permit._released
+                if not released:
+                    permit._registered = True
+                    job = permit._job = _Renewal(self, permit, sent)
+            if released:  # released while it was being entered: take it out again
+                self.release_now(permit.keys, permit.token)
+            else:
+                KEEPER.schedule(sent + self.renew_every, job)
+
+    def release_on_recovery(self, keys: list[str], token: str) -> None:
+        """A release failed (Redis down): send it again once Redis answers."""
+        with self.lock:
+            if len(self._unreleased) >= _MAX_UNRELEASED:
+                del self._unreleased[0]  # the oldest lease expires first anyway
+            self._unreleased.append((_now() + self.lease, keys, token))
 
     def _rejected(self, key: Hashable) -> BulkheadFull:
         return self.owner._rejected(key)
@@ -652,6 +734,9 @@ class Distributed:
 
     def end_release(self, permit: LeasePermit, removed: Any, *, quiet: bool) -> None:
         """After the release script: account, report a loss, maybe raise LeaseLost."""
+        if not permit._registered:
+            with self.lock:
+                self._local.pop(permit.token, None)
         self.forget_held(permit.key)
         if permit._t0 is not None:
             self.owner._slots.record_hold(_now() - permit._t0)
@@ -674,13 +759,19 @@ class Distributed:
                 self._held[key] = n
             else:
                 self._held.pop(key, None)
+        if self.twin is not None:
+            self.twin._give_back(key, None)
 
     def release_now(self, keys: list[str], token: str) -> None:
-        """Release ``token``'s lease, if any, ignoring failures (it expires anyway)."""
+        """Release ``token``'s lease, if any; if Redis fails, again once it answers.
+
+        (A paused Redis runs a timed-out acquire when it resumes: without the second
+        try that lease would hold a slot until it expires.)
+        """
         try:
             self.release_script.run(keys, self.release_args(token))
         except BackendError:
-            pass
+            self.release_on_recovery(keys, token)
 
     def release_later(self, keys: list[str], token: str) -> None:
         """Release ``token``'s lease from the keeper thread (never blocks the caller)."""
@@ -714,10 +805,7 @@ class Distributed:
                 waiting = 0 if queue is None else queue.live
                 keys = 1 if held else 0
         if self.twin is not None:
-            twin = self.twin.statistics(key)
-            held += twin.in_flight
-            waiting += twin.waiting
-            keys += twin.keys
+            waiting += self.twin.statistics(key).waiting
         shared: int | None = None
         if key is not None or self.owner._key is None:
             try:

@@ -124,12 +124,22 @@ class Slots:
                 return n + 1
         return 0
 
+    def occupy(self, key: Hashable) -> None:
+        """Count a slot of ``key`` taken elsewhere, even past the limit.
+
+        A distributed bulkhead's local twin counts the Redis leases of its process this
+        way, so that while Redis fails the process's total stays within ``local_limit``.
+        A release while the count is above the limit only lowers it.
+        """
+        with self.lock:
+            self.in_use[key] = self.in_use.get(key, 0) + 1
+
     def release(self, key: Hashable) -> Waiter | None:
         """Give back a slot of ``key``; returns the waiter it was handed to (to wake)."""
         with self.lock:
             if self.queues:
                 queue = self.queues.get(key)
-                if queue is not None:
+                if queue is not None and self.in_use[key] <= self.limit:
                     return self._hand_off(key, queue)
             in_use = self.in_use
             n = in_use[key] - 1
@@ -242,7 +252,7 @@ class Slots:
 
     def _release_locked(self, key: Hashable) -> Waiter | None:
         queue = self.queues.get(key)
-        if queue is not None:
+        if queue is not None and self.in_use[key] <= self.limit:
             return self._hand_off(key, queue)
         n = self.in_use[key] - 1
         if n:

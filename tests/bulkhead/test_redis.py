@@ -385,3 +385,103 @@ def test_paused_redis_costs_at_most_the_backend_timeout(
         assert time.monotonic() < deadline, "did not return to Redis"
         bulkhead.acquire_nowait("k").release()
         time.sleep(0.05)
+
+
+# ---------------------------------------------------------------------- across an outage
+
+
+def _back_on_redis(bulkhead: rs.Bulkhead, key: str) -> None:
+    """Probe until the bulkhead decides on Redis again (each probe is a real acquire)."""
+    deadline = time.monotonic() + 5
+    while bulkhead.statistics().backend["backend_healthy"] is not True:  # type: ignore[index]
+        assert time.monotonic() < deadline, "did not return to Redis"
+        try:
+            bulkhead.acquire_nowait(key).release()
+        except rs.BulkheadFull:
+            pass  # decided locally: the twin is full
+        time.sleep(0.02)
+
+
+def test_leases_held_when_redis_fails_count_against_local_limit(
+    redis_server: RedisServer, backends: Callable[..., RedisBackend]
+) -> None:
+    """The twin is the process's ledger: leases held when Redis fails use up local_limit,
+    so the outage adds no slots on top of them (and a freed lease's slot goes local)."""
+    bulkhead = rs.Bulkhead(4, backend=backends(timeout=0.05), name="ledger", local_limit=2)
+    leases = [bulkhead.acquire_nowait("k") for _ in range(2)]
+    redis_server.pause()
+    try:
+        with pytest.raises(rs.BulkheadFull):
+            bulkhead.acquire_nowait("k")  # 2 leases = local_limit: nothing more
+        leases[0].release()  # cannot reach Redis: remembered for the recovery
+        local = bulkhead.acquire_nowait("k")
+        with pytest.raises(rs.BulkheadFull):
+            bulkhead.acquire_nowait("k")
+        assert bulkhead.statistics("k").in_flight == 2
+        assert not local.lost
+    finally:
+        redis_server.resume()
+    local.release()
+    leases[1].release()
+    assert bulkhead.statistics("k").in_flight == 0
+
+
+def test_a_released_lease_does_not_hand_a_slot_over_the_local_limit(
+    redis_server: RedisServer, backends: Callable[..., RedisBackend]
+) -> None:
+    """Leases past local_limit (taken while Redis was healthy) keep a local waiter waiting
+    until the process is back under the limit, not merely until one lease is released."""
+    bulkhead = rs.Bulkhead(4, backend=backends(timeout=0.05), name="over", local_limit=1)
+    leases = [bulkhead.acquire_nowait("k") for _ in range(2)]
+    redis_server.pause()
+    got: list[rs.Permit] = []
+    try:
+        with pytest.raises(rs.BulkheadFull):
+            bulkhead.acquire_nowait("k")  # the first failure switches to the twin
+        waiter = threading.Thread(target=lambda: got.append(bulkhead.acquire("k", max_wait=10)))
+        waiter.start()
+        wait_until(lambda: bulkhead.statistics("k").waiting == 1)
+        leases[0].release()
+        assert bulkhead.statistics("k").waiting == 1  # 1 held = local_limit: still waits
+        assert got == []
+        leases[1].release()
+        waiter.join(5)
+        assert len(got) == 1
+        assert bulkhead.statistics("k").in_flight == 1
+    finally:
+        redis_server.resume()
+    got[0].release()
+
+
+def test_after_an_outage_redis_counts_local_slots_and_forgets_failed_releases(
+    redis_server: RedisServer, backends: Callable[..., RedisBackend]
+) -> None:
+    """Once Redis answers again, slots taken locally become leases (other processes see
+    them) and releases that failed during the outage are sent: the fleet-wide count is
+    right again, and a local slot released before the recovery never reaches Redis."""
+    bulkhead = rs.Bulkhead(5, backend=backends(timeout=0.05), name="heal")
+    other = rs.Bulkhead(5, backend=backends(), name="heal")  # another process
+    leases = [bulkhead.acquire_nowait("k") for _ in range(3)]
+    redis_server.pause()
+    try:
+        leases[0].release()  # fails: Redis keeps this lease for now
+        local = [bulkhead.acquire_nowait("k") for _ in range(2)]
+        brief = bulkhead.acquire_nowait("k")
+        brief.release()  # never to be entered in Redis
+        assert bulkhead.statistics("k").in_flight == 4
+    finally:
+        redis_server.resume()
+    assert other.statistics("k").shared_in_flight == 3  # what Redis saw: 3 leases
+    _back_on_redis(bulkhead, "k")
+    # 3 - the failed release + the 2 local slots (3, 2, 3, 4 on the way: 4 is the end)
+    wait_until(lambda: other.statistics("k").shared_in_flight == 4)
+    taken = other.acquire_nowait("k")
+    with pytest.raises(rs.BulkheadFull):
+        other.acquire_nowait("k")  # 5 = max_concurrent, counting the local slots
+    local[0].release()  # a lease now: released in Redis
+    other.acquire_nowait("k").release()
+    for permit in [taken, local[1], *leases[1:]]:
+        permit.release()
+    assert not any(p.lost for p in local)
+    assert other.statistics("k").shared_in_flight == 0
+    assert bulkhead.statistics("k").in_flight == 0

@@ -138,7 +138,9 @@ def test_html_report_renders_with_its_charts(demo):
 @pytest.mark.timeout(120)
 def test_two_workers_on_redis_share_per_domain_limits(redis_server, tmp_path):
     """Two service processes on one Redis: per-domain concurrency, counted by the platforms
-    themselves, never exceeds the limit fleet-wide -- also while Redis is down."""
+    themselves, never exceeds the limit fleet-wide while Redis answers, and stays within
+    the documented outage bound (limit + (processes - 1) x local_limit) while it does not.
+    """
     limit = 20
     phases = [
         Phase("steady", 10.0, "load above the per-domain limit"),
@@ -166,9 +168,13 @@ def test_two_workers_on_redis_share_per_domain_limits(redis_server, tmp_path):
     run_demo(options)
     report = json.loads((tmp_path / "report.json").read_text())
     samples = report["runs"]["resilient"]["recorder"]["samples"]
-    peaks = {d: v["peak"] for d, v in samples[-1]["platforms"].items()}
+    steady = [s for s in samples if s.get("phase") == "steady"][-1]
+    peaks = {d: v["peak"] for d, v in steady["platforms"].items()}
     assert max(peaks.values()) <= limit, peaks
     assert min(peaks.values()) >= limit - 2, peaks  # the limit was reached: it held
+    local_limit = limit // 2  # what the service passes for two workers
+    peaks = {d: v["peak"] for d, v in samples[-1]["platforms"].items()}
+    assert max(peaks.values()) <= limit + local_limit, peaks
     workers = samples[-1]["workers"]
     assert len(workers) == 2
     assert all(sum(w["counts"].values()) > 0 for w in workers)
