@@ -16,7 +16,7 @@ Seconds are rounded *up*: a client that waits ``t`` or ``Retry-After`` is admitt
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .._validate import check_choice
@@ -167,6 +167,31 @@ class RateLimitHeaders:
                 self._fields.clear()
             self._fields[state] = fields
         return fields
+
+    def for_fill(self, gcra: Any) -> Callable[[int], Sequence[Header]]:
+        """``fill -> admitted_values(*gcra.admitted_state(fill))`` as one function.
+
+        ``fill`` is what :meth:`MemoryBuckets.take_one` returns on admission (ticks until
+        the bucket is full). The function is the middleware's hot path with the default
+        IETF fields: the state arithmetic inlined, one cache lookup.
+
+        Example: ``fields = headers.for_fill(limiter._buckets.gcra)(fill)``
+        """
+        admitted_values = self.admitted_values
+        if not self._ietf_only:
+            admitted_state = gcra.admitted_state
+            return lambda fill: admitted_values(*admitted_state(fill))
+        tolerance, emission, per_second = gcra.tolerance, gcra.emission, gcra._ticks_per_s
+        rendered = self._fields
+        ceil = math.ceil
+
+        def fields_for_fill(fill: int) -> Sequence[Header]:
+            remaining = (tolerance - fill) // emission
+            reset = fill / per_second
+            found = rendered.get((remaining, ceil(reset - 1e-9) if reset > 0 else 0))
+            return admitted_values(remaining, reset) if found is None else found
+
+        return fields_for_fill
 
     def refused(self, decision: Any) -> list[Header]:
         """The fields for a 429 (remaining 0, reset at ``retry_after``)."""

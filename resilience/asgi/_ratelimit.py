@@ -37,8 +37,8 @@ def _no_count(decision: Any, key: str) -> Any:
     return decision
 
 
-def _no_state(fill: int) -> tuple[int, float]:
-    raise AssertionError("admitted_state is only used with take_one")
+def _no_fields(fill: int) -> Sequence[tuple[bytes, bytes]]:
+    raise AssertionError("admitted_fields is only used with take_one")
 
 
 class _Plan:
@@ -46,7 +46,7 @@ class _Plan:
 
     __slots__ = (
         "acquire",
-        "admitted_state",
+        "admitted_fields",
         "cost",
         "cost_fn",
         "count",
@@ -95,7 +95,7 @@ class _Plan:
         buckets = getattr(limiter, "_buckets", None)
         self.take_one: Callable[[str], Any] | None = None
         self.count: Callable[[Any, str], Any] = _no_count
-        self.admitted_state: Callable[[int], tuple[int, float]] = _no_state
+        self.admitted_fields: Callable[[int], Sequence[tuple[bytes, bytes]]] = _no_fields
         if (
             type(limiter) is RateLimiter
             and type(buckets) is MemoryBuckets
@@ -104,7 +104,7 @@ class _Plan:
         ):
             self.take_one = buckets.take_one
             self.count = limiter._count
-            self.admitted_state = buckets.gcra.admitted_state
+            self.admitted_fields = self.headers.for_fill(buckets.gcra)
         self.problem = Problem(
             429,
             QUOTA_EXCEEDED,
@@ -316,8 +316,8 @@ class RateLimitMiddleware(Observed):
             if self._quiet or kind != "http":
                 await self.app(scope, receive, send)
                 return
-            # Decision.remaining and .reset_after, from the ticks until the bucket is full.
-            extra = plan.headers.admitted_values(*plan.admitted_state(fill))
+            # The fields of Decision.remaining and .reset_after, from the ticks until full.
+            extra = plan.admitted_fields(fill)
         else:
             cost = plan.cost if plan.cost_fn is None else plan.cost_fn(scope)
             try:

@@ -97,6 +97,31 @@ def test_header_modes() -> None:
         RateLimitHeaders("default", limiter, "draft-7")
 
 
+@given(
+    rate=st.sampled_from(["5/s", "10/5s", "1000/s", "3/h"]),
+    burst=st.integers(1, 50),
+    mode=st.sampled_from(["ietf", "both", "legacy"]),
+    data=st.data(),
+)
+def test_fields_for_a_fill_are_the_fields_of_its_state(
+    rate: str, burst: int, mode: str, data: st.DataObject
+) -> None:
+    """The middleware's one-call path from take_one's fill renders exactly what
+    admitted_values renders for the Decision's (remaining, reset_after)."""
+    from resilience import RateLimiter
+
+    limiter = RateLimiter(rate, burst=burst)
+    gcra = limiter._buckets.gcra  # type: ignore[union-attr]
+    fill = data.draw(st.integers(gcra.emission, gcra.tolerance + gcra.emission))
+    headers = RateLimitHeaders("default", limiter, mode)
+    for_fill = headers.for_fill(gcra)
+    want = list(
+        RateLimitHeaders("default", limiter, mode).admitted_values(*gcra.admitted_state(fill))
+    )
+    assert list(for_fill(fill)) == want
+    assert list(for_fill(fill)) == want  # the cached rendering too
+
+
 @pytest.mark.anyio
 async def test_problem_response_is_complete_problem_json() -> None:
     """The refusal is one start + one body message with a valid RFC 9457 document."""

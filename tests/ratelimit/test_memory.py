@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import resilience as rs
+from resilience.backends._memory import MemoryBuckets
 from resilience.testing import FakeClock
 
 
@@ -81,3 +82,37 @@ def test_bad_backend_arguments() -> None:
     """MemoryBackend validates max_keys."""
     with pytest.raises(rs.ConfigurationError, match="max_keys"):
         rs.backends.MemoryBackend(max_keys=0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    rate=st.sampled_from(["3/s", "10/5s", "1000/s"]),
+    burst=st.integers(1, 5),
+    max_keys=st.integers(1, 4),
+    steps=st.lists(
+        st.tuples(st.integers(0, 800_000), st.sampled_from("abcde")), min_size=1, max_size=60
+    ),
+)
+def test_take_one_decides_exactly_as_take(
+    rate: str, burst: int, max_keys: int, steps: list[tuple[int, str]]
+) -> None:
+    """The middleware's lean take_one(key) and take(key, 1, 0) make the same decisions and
+    leave the same state, also when the key cap evicts (two tables, one clock)."""
+    clock = FakeClock()
+
+    def buckets() -> MemoryBuckets:
+        backend = rs.backends.MemoryBackend(max_keys=max_keys)
+        limiter = rs.RateLimiter(rate, burst=burst, key=lambda k: k, backend=backend, clock=clock)
+        return limiter._buckets  # type: ignore[no-any-return]
+
+    lean, full = buckets(), buckets()
+    for advance_us, key in steps:
+        clock.advance(advance_us / 1e6)
+        got, want = lean.take_one(key), full.take(key, 1, 0)
+        if isinstance(got, int):
+            assert want.allowed
+            assert lean.gcra.admitted_state(got) == (want.remaining, want.reset_after)
+        else:
+            assert got == want
+        assert lean._tats == full._tats
+        assert lean._floor == full._floor
