@@ -16,6 +16,7 @@ from . import (
     _validate,  # a module import: errors.py imports this module mid-way
 )
 from ._clock import SYSTEM_CLOCK, Clock
+from ._deadline import _DEADLINE, Deadline
 from ._events import TimedOut
 from ._policy import PolicyBase
 from .errors import ResilienceError
@@ -171,35 +172,74 @@ class Timeout(PolicyBase, ResilienceError, TimeoutError):
 
     async def call_async(self, fn: Callable[..., Awaitable[T]], /, *args: Any, **kwargs: Any) -> T:
         """Run ``await fn(*args, **kwargs)``, cancelling it at the limit."""
+        if not self._fake_timers:
+            return await self._runner(fn)(*args, **kwargs)  # type: ignore[no-any-return]
         seconds = self._budget()
         if seconds <= 0:
             raise self._error(self.seconds)
         _, token = _deadline.push(seconds, self._clock)
         try:
-            if self._fake_timers:
-                return await self._call_fake(seconds, fn, args, kwargs)
-            loop = _get_running_loop()
-            if loop is None:  # trio (or another anyio backend)
-                return await self._call_anyio(seconds, fn, args, kwargs)
-            task = asyncio.current_task(loop)
-            assert task is not None
-            expiry = _Expiry(task)
-            handle = loop.call_at(loop.time() + seconds, expiry)
-            cancelling = task.cancelling()
-            try:
-                result = await fn(*args, **kwargs)
-            except asyncio.CancelledError:
-                if expiry.fired and task.uncancel() <= cancelling:
-                    raise self._error(seconds) from None
-                raise
-            finally:
-                handle.cancel()
-            if expiry.fired:
-                # The timer fired as the call finished: take back our cancel request.
-                task.uncancel()
-            return result
+            return await self._call_fake(seconds, fn, args, kwargs)
         finally:
             _deadline.pop(token)
+
+    def _wrap(self, fn: Callable[..., Any], is_async: bool) -> Callable[..., Any] | None:
+        """The decorator (and Pipeline) body of a coroutine function: :meth:`_runner`."""
+        if not is_async or self._fake_timers:
+            return None
+        return self._runner(fn)
+
+    def _runner(self, fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+        """``fn`` bounded by this timeout, on a real clock: asyncio, or anyio (trio).
+
+        The ambient deadline is read once and entered only if this limit is sooner (an
+        outer, sooner deadline stays as it is). On asyncio the task is cancelled by a
+        loop timer at the limit, and the cancellation is turned into :class:`Timeout`
+        only if it was ours (``Task.uncancel`` tells), as ``asyncio.timeout`` does.
+        """
+        limit = self.seconds
+        clock = self._clock
+        monotonic = clock.monotonic
+        current_deadline, enter, leave = _DEADLINE.get, _DEADLINE.set, _DEADLINE.reset
+        error = self._error
+        call_anyio = self._call_anyio
+
+        async def timeout_async(*args: Any, **kwargs: Any) -> Any:
+            seconds = limit
+            token = None
+            current = current_deadline()
+            if current is not None and (left := current.remaining()) <= limit:
+                if left <= 0:
+                    raise error(limit)
+                seconds = left  # the sooner, outer deadline stays in force
+            else:
+                token = enter(Deadline(monotonic() + limit, clock))
+            try:
+                loop = _get_running_loop()
+                if loop is None:  # trio (or another anyio backend)
+                    return await call_anyio(seconds, fn, args, kwargs)
+                task = asyncio.current_task(loop)
+                assert task is not None
+                expiry = _Expiry(task)
+                handle = loop.call_at(loop.time() + seconds, expiry)
+                cancelling = task.cancelling()
+                try:
+                    result = await fn(*args, **kwargs)
+                except asyncio.CancelledError:
+                    if expiry.fired and task.uncancel() <= cancelling:
+                        raise error(seconds) from None
+                    raise
+                finally:
+                    handle.cancel()
+                if expiry.fired:
+                    # The timer fired as the call finished: take back our cancel request.
+                    task.uncancel()
+                return result
+            finally:
+                if token is not None:
+                    leave(token)
+
+        return timeout_async
 
     async def _call_anyio(
         self, seconds: float, fn: Callable[..., Awaitable[T]], args: Any, kwargs: Any

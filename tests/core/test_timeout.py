@@ -54,6 +54,38 @@ async def test_async_call_is_cancelled_on_the_real_loop() -> None:
 
 
 @pytest.mark.anyio
+async def test_async_timeout_enters_only_a_sooner_deadline_on_the_real_clock() -> None:
+    """The call sees this timeout's deadline; an outer, sooner deadline stays in force
+    (and cuts the call); a spent one refuses before the call starts; nothing is left
+    behind in the context."""
+    seen: list[object] = []
+
+    @rs.Timeout(5.0)
+    async def probe() -> None:
+        seen.append(rs.time_remaining())
+
+    @rs.Timeout(5.0)
+    async def hangs() -> None:
+        seen.append(rs.current_deadline())
+        await anyio.sleep_forever()
+
+    await probe()
+    assert isinstance(seen[-1], float)
+    assert 4.0 < seen[-1] <= 5.0
+    with rs.deadline(0.05):
+        outer = rs.current_deadline()
+        with anyio.fail_after(5), pytest.raises(rs.Timeout):
+            await hangs()
+        assert seen[-1] is outer
+    with rs.deadline(0.0):
+        calls = len(seen)
+        with pytest.raises(rs.Timeout):
+            await probe()
+        assert len(seen) == calls  # never started
+    assert rs.current_deadline() is None
+
+
+@pytest.mark.anyio
 async def test_async_context_manager_cancels_its_block() -> None:
     """async with rs.Timeout(s) cuts the enclosed block."""
     timeout = rs.Timeout(0.05)
