@@ -43,6 +43,12 @@ PER_ATTEMPT = 1.0  # the per-attempt timeout
 MAX_LATENCY = 2.0  # injected latencies go beyond the per-attempt timeout
 HANG_BLOCK = 1.5  # how long a sync hang blocks
 OPEN_FOR = 2.0  # the breaker's cool-down
+BREAKER_WINDOW = 10  # calls in the breaker's count window
+AFTER_GAP = 0.2  # virtual seconds between the calls made after the faults clear
+# The breaker's window still holds failures from the faulty period, and its rule is
+# evaluated after every outcome, successes included (docs/breaker.md): it may trip once
+# more while successes refill the window, then serves again after one cool-down.
+RECOVERY_BOUND = (BREAKER_WINDOW + 1) * AFTER_GAP + OPEN_FOR + AFTER_GAP
 
 CHAOS_SETTINGS = settings(
     max_examples=scaled(12, 250),
@@ -87,7 +93,9 @@ def full_pipeline(clock: FakeClock, seed: int, faults: rs.Faults, *, fallback: b
         policies.append(rs.Fallback(FALLBACK, on=DOCUMENTED))
     policies += [
         retry(clock, seed),
-        CircuitBreaker(failure_rate=0.5, window=10, min_calls=5, open_for=OPEN_FOR, clock=clock),
+        CircuitBreaker(
+            failure_rate=0.5, window=BREAKER_WINDOW, min_calls=5, open_for=OPEN_FOR, clock=clock
+        ),
         RateLimiter("50/s", clock=clock),
         Bulkhead(4, clock=clock),
         rs.Timeout(PER_ATTEMPT, clock=clock),
@@ -115,11 +123,14 @@ def gaps(seed: int, count: int) -> list[float]:
 
 
 def check_recovery(outcomes_after: list[str], clock_times: list[float], start: float) -> float:
-    """Virtual seconds from HORIZON to the first call served normally; all later ones too."""
-    assert REAL in outcomes_after, f"no recovery after the faults cleared: {outcomes_after}"
-    first = outcomes_after.index(REAL)
-    assert all(o == REAL for o in outcomes_after[first:]), outcomes_after
-    return clock_times[first] - start
+    """Virtual seconds from HORIZON until every call is served normally, within
+    RECOVERY_BOUND (window refill + one cool-down), with normal calls after it."""
+    bad = [i for i, outcome in enumerate(outcomes_after) if outcome != REAL]
+    first = bad[-1] + 1 if bad else 0
+    assert first < len(outcomes_after), f"no recovery after the faults cleared: {outcomes_after}"
+    recovery = clock_times[first] - start
+    assert recovery <= RECOVERY_BOUND + 1e-9, (recovery, outcomes_after)
+    return recovery
 
 
 # -- sync -------------------------------------------------------------------------------
@@ -149,8 +160,8 @@ def test_sync_pipeline_invariants(fallback: bool, items: list[chaos.Fault], seed
         clock.set(max(clock.monotonic(), HORIZON))
         cleared = clock.monotonic()
         after, times = [], []
-        for _ in range(int(OPEN_FOR * 10) + 10):
-            clock.advance(0.2)
+        for _ in range(round(RECOVERY_BOUND / AFTER_GAP) + 10):
+            clock.advance(AFTER_GAP)
             times.append(clock.monotonic())
             after.append(run_sync(call, clock.monotonic)[0])
     scenario.recoveries.append(check_recovery(after, times, cleared))
@@ -188,8 +199,8 @@ async def async_example(
             clock.set(max(clock.monotonic(), HORIZON))
             cleared = clock.monotonic()
             after, times = [], []
-            for _ in range(int(OPEN_FOR * 10) + 10):
-                clock.advance(0.2)
+            for _ in range(round(RECOVERY_BOUND / AFTER_GAP) + 10):
+                clock.advance(AFTER_GAP)
                 times.append(clock.monotonic())
                 after.append((await run_async(call, clock.monotonic))[0])
     scenario.recoveries.append(check_recovery(after, times, cleared))
