@@ -57,7 +57,7 @@ class DemoOptions:
     seed: int = 1
     modes: tuple[str, ...] = ("naive", "resilient")
     live: bool = True
-    rate: float = 32.0
+    rate: float = 40.0
     drain: float | None = None
     #: ServiceConfig fields to override (tests use it to lower limits).
     overrides: dict[str, Any] = field(default_factory=dict)
