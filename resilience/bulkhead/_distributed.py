@@ -16,9 +16,10 @@ token, reaping expired leases), renew and release a lease in one ``EVALSHA`` eac
   :class:`~resilience.backends.Failover`: an in-process twin of ``local_limit`` slots,
   admit, or raise :class:`~resilience.BackendError`. The twin is the process's ledger:
   every lease granted here also occupies a twin slot, so the leases held when Redis
-  fails count against ``local_limit``. When Redis answers again the keeper sends the
-  releases that failed and enters the local slots still held as leases (past the limit
-  if need be: their holders are running), so Redis counts the whole fleet again.
+  fails count against ``local_limit``. When Redis answers again (a caller's first
+  success, or the keeper's check every second while anything waits) the keeper sends
+  the releases that failed and enters the local slots still held as leases (past the
+  limit if need be: their holders are running), so Redis counts the whole fleet again.
 """
 
 from __future__ import annotations
@@ -67,6 +68,9 @@ _now = time.monotonic
 _PAST_ANY_LIMIT = 2**31
 # Failed releases remembered for the recovery (beyond this the oldest are dropped).
 _MAX_UNRELEASED = 10_000
+# While something waits for Redis, the keeper tries to reconcile this often (seconds),
+# so that a process that makes no further call still reaches Redis.
+_RECONCILE_EVERY = 1.0
 
 
 def _new_token() -> str:
@@ -382,6 +386,7 @@ class Distributed:
         # Releases that failed while Redis was down: (expiry, keys, token), sent on recovery.
         self._unreleased: list[tuple[float, list[str], str]] = []
         self._reconciling = False
+        self._watching = False
         self._seq = itertools.count()
         #: Leases lost while held, since construction.
         self.leases_lost = 0
@@ -597,6 +602,7 @@ class Distributed:
             self._local[permit.token] = permit
         if self.failover.healthy:  # Redis came back while this caller waited
             self._reconcile_soon()
+        self._watch()
         return permit
 
     # ------------------------------------------------------------------ after an outage
@@ -608,13 +614,35 @@ class Distributed:
             self._reconciling = True
         KEEPER.soon(self._reconcile)
 
+    def _watch(self) -> None:
+        """Keep a keeper job reconciling while anything waits for Redis (see ``_check``)."""
+        with self.lock:
+            if self._watching:
+                return
+            self._watching = True
+        KEEPER.schedule(_now() + _RECONCILE_EVERY, self._check)
+
+    def _check(self) -> float | None:
+        """Keeper job: reconcile once; again in a second while something still waits.
+
+        A caller's first success after an outage reconciles at once; this job covers a
+        process that makes no further call while its local slots keep running.
+        """
+        self._reconcile()
+        with self.lock:
+            if self._local or self._unreleased:
+                return _now() + _RECONCILE_EVERY
+            self._watching = False
+        return None
+
     def _reconcile(self) -> None:
         """Redis answers again: make it count what this process did without it.
 
         Releases that failed are sent (their slots would stay taken until the leases
         expire), and every local slot still held becomes a lease (entered past the
         limit if need be: its holder is running) renewed like any other. Until then
-        other processes cannot see these holders; see docs/bulkhead.md.
+        other processes cannot see these holders; see docs/bulkhead.md. Runs in the
+        keeper thread only (one job at a time); stops at the first backend failure.
         """
         with self.lock:
             self._reconciling = False
@@ -653,6 +681,7 @@ class Distributed:
             if len(self._unreleased) >= _MAX_UNRELEASED:
                 del self._unreleased[0]  # the oldest lease expires first anyway
             self._unreleased.append((_now() + self.lease, keys, token))
+        self._watch()
 
     def _rejected(self, key: Hashable) -> BulkheadFull:
         return self.owner._rejected(key)

@@ -485,3 +485,23 @@ def test_after_an_outage_redis_counts_local_slots_and_forgets_failed_releases(
     assert not any(p.lost for p in local)
     assert other.statistics("k").shared_in_flight == 0
     assert bulkhead.statistics("k").in_flight == 0
+
+
+def test_an_idle_process_enters_its_local_slots_once_redis_returns(
+    redis_server: RedisServer, backends: Callable[..., RedisBackend]
+) -> None:
+    """With no further call from this process, the keeper enters its local slot in Redis
+    within about a second of Redis answering again (a restarted, empty Redis here)."""
+    bulkhead = rs.Bulkhead(2, backend=backends(timeout=0.05), name="idle")
+    redis_server.kill()
+    local = bulkhead.acquire_nowait("k")  # decided by the twin
+    redis_server.start()
+    other = rs.Bulkhead(2, backend=backends(), name="idle")  # another process
+    assert other.statistics("k").shared_in_flight == 0  # Redis came back empty
+    wait_until(lambda: other.statistics("k").shared_in_flight == 1)
+    taken = other.acquire_nowait("k")
+    with pytest.raises(rs.BulkheadFull):
+        other.acquire_nowait("k")  # the idle process's slot counts
+    local.release()
+    taken.release()
+    assert other.statistics("k").shared_in_flight == 0
