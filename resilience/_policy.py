@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, ParamSpec, Protocol, TypeVar, cast, runtime_checkable
 
+from . import _deferred
 from ._events import Observable
 
 __all__ = ["Pipeline", "PipelineStatistics", "Policy", "PolicyBase", "decorate"]
@@ -196,16 +197,34 @@ class Pipeline(PolicyBase):
         for message in _order_problems(self.policies):
             warnings.warn(message, PipelineOrderWarning, stacklevel=2)
 
-    def _chain(self, fn: Callable[..., Any], *, is_async: bool) -> Callable[..., Any]:
-        # Each layer is the policy's own lean wrapper when it has one, otherwise a
-        # functools.partial of its call method (implemented in C: no closure per call).
+    def _chain(
+        self, fn: Callable[..., Any], *, is_async: bool, lasting: bool = False
+    ) -> Callable[..., Any]:
+        """The policies' layers around ``fn``, innermost built first.
+
+        A layer that may be deferred (a disabled ``Faults`` before fault injection was
+        ever switched on; see ``_deferred``) is left out. In a ``lasting`` chain (a
+        decorated function) it is recorded with the next outer layer and spliced in
+        when fault injection is first switched on, or put in at once where it cannot
+        be spliced later; a one-off chain simply runs without it.
+        """
+        deferred: list[Policy] = []
         for policy in reversed(self.policies):
-            wrap = getattr(policy, "_wrap", None)
-            special = wrap(fn, is_async) if wrap is not None else None
-            if special is not None:
-                fn = special
-            else:
-                fn = functools.partial(policy.call_async if is_async else policy.call, fn)
+            defer = getattr(policy, "_defer", None)
+            if defer is not None and defer():
+                deferred.append(policy)
+                continue
+            outer = _layer(policy, fn, is_async)
+            if deferred:
+                group = tuple(reversed(deferred))
+                deferred = []
+                if lasting:
+                    build = functools.partial(_layers, group, is_async=is_async)
+                    if not _deferred.splice_later(outer, fn, build):
+                        outer = _layer(policy, build(fn), is_async)
+            fn = outer
+        if deferred and lasting:  # nothing outside them to splice them into later
+            fn = _layers(tuple(reversed(deferred)), fn, is_async=is_async)
         return fn
 
     def call(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
@@ -218,7 +237,7 @@ class Pipeline(PolicyBase):
 
     def _wrap(self, fn: Callable[..., Any], is_async: bool) -> Callable[..., Any] | None:
         """The decorator body (see ``decorate``): the chain of policies, built once."""
-        chain = self._chain(fn, is_async=is_async)
+        chain = self._chain(fn, is_async=is_async, lasting=True)
         if chain is fn:  # an empty pipeline: the general wrapper will do
             return None
         if inspect.isfunction(chain):
@@ -258,6 +277,25 @@ class Pipeline(PolicyBase):
     def __repr__(self) -> str:
         inner = ", ".join(repr(p) for p in self.policies)
         return f"Pipeline({inner})"
+
+
+def _layer(policy: Policy, fn: Callable[..., Any], is_async: bool) -> Callable[..., Any]:
+    """One policy around ``fn``: its own lean wrapper when it has one, otherwise a
+    ``functools.partial`` of its call method (implemented in C: no closure per call)."""
+    wrap = getattr(policy, "_wrap", None)
+    special = wrap(fn, is_async) if wrap is not None else None
+    if special is not None:
+        return special  # type: ignore[no-any-return]
+    return functools.partial(policy.call_async if is_async else policy.call, fn)
+
+
+def _layers(
+    policies: tuple[Policy, ...], fn: Callable[..., Any], *, is_async: bool
+) -> Callable[..., Any]:
+    """``policies`` (outermost first) around ``fn``."""
+    for policy in reversed(policies):
+        fn = _layer(policy, fn, is_async)
+    return fn
 
 
 @dataclass(frozen=True, slots=True)

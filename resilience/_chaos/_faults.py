@@ -6,6 +6,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from .._clock import SYSTEM_CLOCK, Clock
+from .._deferred import armed
 from .._policy import PolicyBase
 from .._validate import check_int, check_number, check_probability
 from ..errors import ConfigurationError, InjectedFault
@@ -28,6 +29,7 @@ from ._specs import (
     Schedule,
     normalize_schedule,
 )
+from ._switch import chaos_active
 
 __all__ = ["Faults"]
 
@@ -45,8 +47,11 @@ class Faults(PolicyBase):
 
     **Off by default.** Faults fire only inside ``with resilience.chaos.enabled():``,
     in a process started with ``RESILIENCE_CHAOS=1``, or when built with
-    ``enabled=True``. Disabled, a call costs one ContextVar lookup on top of the
-    call itself (``benchmarks/bench_chaos.py`` measures it).
+    ``enabled=True``. Disabled, it costs nothing in a decorated ``Pipeline`` until
+    fault injection is first switched on in the process: the pipeline leaves the
+    layer out and splices it in at that moment. After that, and as a decorator on
+    its own, a disabled call costs one wrapper frame and one ContextVar lookup
+    (``benchmarks/bench_chaos.py`` measures both).
 
     **What** to inject: fault objects from :mod:`resilience.chaos` as positional
     arguments (:class:`~resilience.chaos.Latency`, :class:`~resilience.chaos.Error`,
@@ -195,7 +200,15 @@ class Faults(PolicyBase):
             raise InjectedFault(f"injected hang: no answer after {fault.block:g}s")
         return self._end(fault)  # type: ignore[no-any-return]
 
-    def _wrap(self, fn: Callable[..., Any], is_async: bool) -> Callable[..., Any] | None:
+    def _defer(self) -> bool:
+        """Whether a pipeline may leave this layer out for now (see ``_deferred``).
+
+        True while nothing can switch it on yet: it follows the global switch and
+        fault injection was never switched on in this process.
+        """
+        return self._switch is chaos_active and not armed()
+
+    def _wrap(self, fn: Callable[..., Any], is_async: bool) -> Callable[..., Any]:
         """The decorator body: with chaos off, one switch check around the call."""
         switch = self._switch
         if is_async:

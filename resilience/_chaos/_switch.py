@@ -2,7 +2,9 @@
 
 ``RESILIENCE_CHAOS=1`` in the environment (read once, at import) turns it on for the
 whole process; ``with chaos.enabled():`` turns it on for one block (one thread, one task
-and the tasks it starts). A disabled injector costs one ``ContextVar.get()`` per call.
+and the tasks it starts). A disabled injector costs one ``ContextVar.get()`` per call;
+a disabled ``Faults`` in a decorated ``Pipeline`` costs nothing at all until fault
+injection is first switched on in the process (see ``resilience._deferred``).
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ import os
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
+
+from .._deferred import arm
 
 __all__ = ["ENV_VAR", "disabled", "enabled", "env_enabled", "is_enabled"]
 
@@ -28,6 +32,8 @@ def env_enabled() -> bool:
 # The default is the environment at import time: processes started with
 # RESILIENCE_CHAOS=1 inject everywhere, in every thread, without any code change.
 CHAOS: ContextVar[bool] = ContextVar("resilience_chaos", default=env_enabled())  # noqa: B039
+if CHAOS.get():
+    arm()
 
 #: Bound once: the whole cost of a disabled injector is calling this.
 chaos_active = CHAOS.get
@@ -63,6 +69,8 @@ def enabled(on: bool = True) -> Iterator[None]:
         with resilience.chaos.enabled():
             lookup("a")                   # now half the attempts fail
     """
+    if on:
+        arm()  # before the switch: no call may see it on through a chain without its layer
     token = CHAOS.set(bool(on))
     try:
         yield

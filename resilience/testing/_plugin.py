@@ -22,7 +22,7 @@ from collections.abc import Generator, Iterator
 
 import pytest
 
-from .._chaos._switch import CHAOS
+from .._chaos._switch import enabled as chaos_enabled
 from ._chaos_fixtures import FaultProxyFactory, FaultsFixture, seed_for
 from ._fake_clock import FakeClock
 from ._redis import RedisServer, RedisUnavailable
@@ -96,11 +96,8 @@ def faults(request: pytest.FixtureRequest) -> Iterator[FaultsFixture]:
     option = request.config.getoption("--chaos-seed", None) or os.environ.get(SEED_ENV)
     seed = seed_for(request.node.nodeid, option)
     request.node.stash[_SEED_KEY] = seed
-    token = CHAOS.set(True)
-    try:
+    with chaos_enabled():
         yield FaultsFixture(seed)
-    finally:
-        CHAOS.reset(token)
 
 
 @pytest.fixture
