@@ -8,7 +8,7 @@ Example::
 
     job = Job.new("https://vidhub.test/watch/abc", "vidhub.test", "abc", priority=0)
     job.emit("stage", {"stage": "metadata", "status": "done"})
-    async for name, data in job.follow():
+    async for chunk in job.follow():    # SSE bytes: one or more whole events
         ...
 """
 
@@ -86,13 +86,18 @@ class Job:
         wake.set()
 
     async def follow(self, start: int = 0) -> AsyncIterator[bytes]:
-        """Every event (SSE bytes) from index ``start`` on, until the job ends."""
+        """Every event (SSE bytes) from index ``start`` on, until the job ends.
+
+        Events that are already waiting go out as one chunk: one socket write for a
+        burst of tokens instead of one per token (SSE events delimit themselves).
+        """
         index = start
         while True:
             events = self.events
-            while index < len(events):
-                yield events[index]
-                index += 1
+            if index < len(events):
+                pending = events[index:]
+                index += len(pending)
+                yield pending[0] if len(pending) == 1 else b"".join(pending)
             if self.final:
                 return
             await self._wake.wait()

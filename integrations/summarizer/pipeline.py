@@ -7,6 +7,10 @@ attempt asks for ``Range: bytes=<size of .part>-`` (with ``If-Range`` on the sou
 ETag, so a changed source restarts from zero). Attempts run under
 :class:`~integrations.summarizer.policies.Downloads` (admission, outcome, retries).
 
+File-system calls run in worker threads, never on the event loop: creating, renaming
+and deleting files waits for the file system's journal, which a busy disk can hold for
+hundreds of milliseconds, and every request of the service would wait with it.
+
 When a stage's retries run out, resilient mode retries **that stage alone** after the
 breaker's cool-down (or a jittered pause), within the job's deadline; the stages
 already done are not repeated. Naive mode fails the job.
@@ -22,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import functools
 import json
 import os
 import random
@@ -45,6 +50,31 @@ from .jobs import STAGES, Job, JobTable
 from .policies import Downloads, EventLog, NotFound, UpstreamStatus, retryable
 
 __all__ = ["BadRequest", "Pipeline", "parse_url"]
+
+
+def _save_part(part: Path, chunks: list[bytes], *, append: bool, final: Path | None) -> None:
+    """Write ``chunks`` to ``part`` (after what it holds, if ``append``); then, if the
+    transfer is complete, rename it to ``final``. Runs in a worker thread."""
+    with open(part, "ab" if append else "wb") as f:
+        f.writelines(chunks)
+    if final is not None:
+        os.replace(part, final)
+
+
+async def _to_the_end(write: Callable[[], None]) -> None:
+    """Run ``write`` in a worker thread and wait for it to end, even when cancelled
+    meanwhile (the cancellation is re-raised after): the next attempt must not touch
+    the file while this one still writes it."""
+    future = asyncio.get_running_loop().run_in_executor(None, write)
+    cancelled: asyncio.CancelledError | None = None
+    while not future.done():
+        try:
+            await asyncio.shield(future)
+        except asyncio.CancelledError as exc:
+            cancelled = exc
+    future.result()
+    if cancelled is not None:
+        raise cancelled
 
 
 class BadRequest(ValueError):
@@ -180,13 +210,13 @@ class Pipeline:
             with contextlib.suppress(Exception):
                 await self.cache.put_result(job.id, job.public())
             if job.outcome == "full" and not self.cfg.keep_media:
-                shutil.rmtree(directory, ignore_errors=True)
+                await asyncio.to_thread(shutil.rmtree, directory, ignore_errors=True)
 
     async def _stages(self, job: Job, directory: Path, cached: dict[str, Any] | None) -> None:
-        directory.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 - local, microseconds
+        await asyncio.to_thread(directory.mkdir, parents=True, exist_ok=True)
         job.status = "downloading"
         await self._stage(job, "metadata", directory)
-        meta = json.loads((directory / "metadata").read_bytes())
+        meta = json.loads(await asyncio.to_thread((directory / "metadata").read_bytes))
         job.version, job.etag, job.title = meta["version"], meta["etag"], meta["title"]
         if cached is not None and cached.get("version") == job.version:
             # revalidated: the source did not change, serve the cached summary
@@ -194,7 +224,7 @@ class Pipeline:
             self._finish_cached(job, cached)
             return
         media = directory / f"v{job.version}"  # a new source version starts afresh
-        media.mkdir(exist_ok=True)
+        await asyncio.to_thread(media.mkdir, exist_ok=True)
         missing: list[str] = []
         for stage in ("video", "audio", "subtitles"):
             try:
@@ -209,7 +239,7 @@ class Pipeline:
         if "subtitles" in missing:
             text = str(meta.get("description", ""))
         else:
-            text = subtitle_text((media / "subtitles").read_text())
+            text = subtitle_text(await asyncio.to_thread((media / "subtitles").read_text))
         await self.summarizer.run(job, text)
         if missing:
             job.degraded = True
@@ -307,17 +337,30 @@ class Pipeline:
                 if status == 206:
                     info["resumed_from"] = offset
                     self.counts["resumed"] += 1
-                mode = "ab" if status == 206 else "wb"
-                # local page-cache writes of <= 64 KiB: cheaper inline than a thread hop
-                with open(part, mode) as f:  # noqa: ASYNC230
-                    written = offset if status == 206 else 0
+                received: list[bytes] = []
+                written = offset if status == 206 else 0
+                complete = False
+                try:
                     async for chunk in response.aiter_raw():
-                        f.write(chunk)
+                        received.append(chunk)
                         written += len(chunk)
                         info["bytes"] = written
+                    complete = True
+                finally:
+                    # What arrived is kept even when the transfer breaks: the next
+                    # attempt resumes from it.
+                    if received or complete:
+                        await _to_the_end(
+                            functools.partial(
+                                _save_part,
+                                part,
+                                received,
+                                append=status == 206,
+                                final=directory / stage if complete else None,
+                            )
+                        )
             finally:
                 await response.aclose()
-        os.replace(part, directory / stage)
 
     # -- introspection ------------------------------------------------------------
 

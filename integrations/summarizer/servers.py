@@ -53,7 +53,7 @@ def uvicorn_config(app: Any, **overrides: Any) -> Any:
         "lifespan": "off",
         "backlog": 4096,
         "timeout_keep_alive": 30,
-        "http": "h11",
+        "http": "auto",  # httptools when installed (as uvicorn[standard] deploys), else h11
         "loop": "asyncio",
     }
     options.update(overrides)
