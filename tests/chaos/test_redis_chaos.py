@@ -40,7 +40,9 @@ pytestmark = pytest.mark.redis
 
 TIMEOUT = 0.05  # the backend timeout under test
 #: Scheduling slack on a loaded 2-core CI machine; the measured worst is in the report.
-SLACK = 0.2
+#: (Calls take one backend timeout, ~0.054 s, at worst; 0.2 s of slack was once exceeded
+#: by 2 ms in a full-suite run on a shared VM. A hung call would take seconds.)
+SLACK = 0.4
 RECOVERY = 2.0  # back on Redis within this many seconds after the fault clears
 FAULT_PHASE = 0.3 if not LONG else 1.5
 THREADS = 4
