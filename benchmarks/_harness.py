@@ -11,12 +11,22 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import math
 import statistics
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-__all__ = ["Report", "Row", "Section", "measure", "measure_async"]
+__all__ = [
+    "Report",
+    "Row",
+    "Section",
+    "measure",
+    "measure_async",
+    "measure_async_rounds",
+    "measure_rounds",
+    "sign_test",
+]
 
 
 def _rounds(quick: bool) -> int:
@@ -27,6 +37,15 @@ def measure(
     cases: dict[str, Callable[[], object]], *, number: int = 20_000, rounds: int = 25
 ) -> dict[str, float]:
     """Median seconds per call of each zero-argument callable, interleaved rounds."""
+    samples = measure_rounds(cases, number=number, rounds=rounds)
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def measure_rounds(
+    cases: dict[str, Callable[[], object]], *, number: int = 20_000, rounds: int = 25
+) -> dict[str, list[float]]:
+    """Seconds per call of each case in every round (round ``i`` of every case ran
+    back to back, so rounds pair up across cases)."""
     samples: dict[str, list[float]] = {name: [] for name in cases}
     for fn in cases.values():  # warm up
         for _ in range(min(number, 1000)):
@@ -43,7 +62,7 @@ def measure(
     finally:
         if gc_was_enabled:
             gc.enable()
-    return {name: statistics.median(values) for name, values in samples.items()}
+    return samples
 
 
 def measure_async(
@@ -54,8 +73,20 @@ def measure_async(
     backend: str = "asyncio",
 ) -> dict[str, float]:
     """Like :func:`measure` for coroutine functions, all cases in one event loop."""
+    samples = measure_async_rounds(cases, number=number, rounds=rounds, backend=backend)
+    return {name: statistics.median(values) for name, values in samples.items()}
 
-    async def main() -> dict[str, float]:
+
+def measure_async_rounds(
+    cases: dict[str, Callable[[], Awaitable[object]]],
+    *,
+    number: int = 10_000,
+    rounds: int = 25,
+    backend: str = "asyncio",
+) -> dict[str, list[float]]:
+    """Like :func:`measure_rounds` for coroutine functions, all cases in one event loop."""
+
+    async def main() -> dict[str, list[float]]:
         samples: dict[str, list[float]] = {name: [] for name in cases}
         for fn in cases.values():
             for _ in range(min(number, 500)):
@@ -70,13 +101,30 @@ def measure_async(
                     samples[name].append((time.perf_counter_ns() - start) / number / 1e9)
         finally:
             gc.enable()
-        return {name: statistics.median(values) for name, values in samples.items()}
+        return samples
 
     if backend == "trio":
         import trio
 
         return trio.run(main)
     return asyncio.run(main())
+
+
+def sign_test(case: list[float], baseline: list[float]) -> tuple[int, int, float]:
+    """Paired rounds: ``(rounds where case was slower, rounds compared, two-sided p)``.
+
+    Under "no difference" each paired round is a coin flip, so the count of slower
+    rounds is Binomial(n, 1/2); ``p`` is the chance of a count at least this far from
+    n/2. Drift of the machine hits both cases of a round alike and cancels out.
+    """
+    pairs = [(c, b) for c, b in zip(case, baseline, strict=True) if c != b]
+    n = len(pairs)
+    slower = sum(c > b for c, b in pairs)
+    if n == 0:
+        return 0, 0, 1.0
+    extreme = max(slower, n - slower)
+    tail = sum(math.comb(n, k) for k in range(extreme, n + 1)) / 2**n
+    return slower, n, min(1.0, 2 * tail)
 
 
 @dataclass

@@ -4,8 +4,12 @@ Fault injection is meant to stay in production code paths, switched off. The que
 is whether leaving ``rs.Faults`` innermost in a ``Pipeline`` costs anything when chaos
 is off. Each table compares the same pipeline with and without a disabled ``Faults``,
 in the same run, with interleaved rounds; a second, identical pipeline without
-``Faults`` gives the noise floor (the difference between two identical cases). No peer
-library ships fault injection, so there is no peer row.
+``Faults`` gives the noise floor (the difference between two identical cases). "Within
+noise" is decided on the paired rounds: in each round every case ran back to back, so
+a case that costs nothing is slower than the baseline in about half of them, and a
+sign test tells whether the count is further from half than chance allows (the no-op
+layer's row shows that the test sees one extra layer). No peer library ships fault
+injection, so there is no peer row.
 
 Until chaos is first switched on in the process, a decorated pipeline leaves a
 disabled ``Faults`` out of its chain entirely; switching chaos on splices it in. The
@@ -15,6 +19,7 @@ is in the chain and checks the switch on every call.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -22,7 +27,7 @@ import resilience as rs
 from resilience import chaos
 from resilience._deferred import armed
 
-from ._harness import Report, measure, measure_async
+from ._harness import Report, measure, measure_async_rounds, measure_rounds, sign_test
 
 T = TypeVar("T")
 
@@ -58,40 +63,49 @@ async def _abare(x: int) -> int:
     return x
 
 
+def _verdict(samples: dict[str, list[float]], case: str, base: str) -> tuple[str, float]:
+    slower, n, p = sign_test(samples[case], samples[base])
+    return f"slower in {slower}/{n} paired rounds (sign test p={p:.2f})", p
+
+
 def _rows(
     report: Report,
     title: str,
-    results: dict[str, float],
+    samples: dict[str, list[float]],
     names: tuple[str, ...],
     *,
     layer_in: bool,
 ) -> None:
+    results = {name: statistics.median(values) for name, values in samples.items()}
     bare, without, again, noop, with_faults = names
     sec = report.section(title, f"{without!r}, same run")
     base = results[without]
     noise = abs(results[again] - base) * 1e6
+    same, _ = _verdict(samples, again, without)
+    extra, _ = _verdict(samples, noop, without)
     sec.add(bare, results[bare], baseline_s=base, ours=False, note="the call alone")
     sec.add(without, base, baseline_s=base, note="baseline")
-    sec.add(again, results[again], baseline_s=base, note="identical pipeline: the noise floor")
-    sec.add(noop, results[noop], baseline_s=base, note="any extra layer costs this much")
-    overhead = (results[with_faults] - base) * 1e6
+    sec.add(again, results[again], baseline_s=base, note=f"identical pipeline: {same}")
+    sec.add(noop, results[noop], baseline_s=base, note=f"any extra layer: {extra}")
     versus_noop = (results[with_faults] - results[noop]) * 1e6
+    verdict, p = _verdict(samples, with_faults, without)
     if layer_in:
         sec.add(
             with_faults,
             results[with_faults],
             baseline_s=base,
-            note=f"after chaos was on once: the layer is in the chain; noise floor "
-            f"{noise:.2f} µs; {versus_noop:+.2f} µs vs a no-op layer (the ContextVar lookup)",
+            note=f"after chaos was on once, the layer is in the chain: {verdict}; "
+            f"{versus_noop:+.2f} µs vs a no-op layer (the ContextVar lookup)",
         )
         return
     sec.add(
         with_faults,
         results[with_faults],
         baseline_s=base,
-        target_text="within noise (±max(noise, 0.1 µs))",
-        met=overhead <= max(noise, 0.1),
-        note=f"chaos never on in this process: the layer is left out; noise floor {noise:.2f} µs",
+        target_text="within noise: no paired difference (p >= 0.05)",
+        met=p >= 0.05,
+        note=f"chaos never on in this process, the layer is left out: {verdict}; "
+        f"identical pipelines differ by {noise:.2f} µs",
     )
 
 
@@ -114,9 +128,9 @@ def _measure_both(
         names[3]: lambda: sync_fns[2](1),
         names[4]: lambda: sync_fns[3](1),
     }
-    results = measure(cases, number=number, rounds=report.rounds)
+    samples = measure_rounds(cases, number=number, rounds=report.rounds)
     title = f"Chaos: disabled rs.Faults in a sync pipeline{when}"
-    _rows(report, title, results, names, layer_in=layer_in)
+    _rows(report, title, samples, names, layer_in=layer_in)
 
     async_fns = [pipeline(_abare) for pipeline in pipelines]
     acases: dict[str, Callable[[], Awaitable[object]]] = {
@@ -126,9 +140,9 @@ def _measure_both(
         names[3]: lambda: async_fns[2](1),
         names[4]: lambda: async_fns[3](1),
     }
-    aresults = measure_async(acases, number=number // 2, rounds=report.rounds)
+    asamples = measure_async_rounds(acases, number=number // 2, rounds=report.rounds)
     title = f"Chaos: disabled rs.Faults in an async pipeline (asyncio){when}"
-    _rows(report, title, aresults, names, layer_in=layer_in)
+    _rows(report, title, asamples, names, layer_in=layer_in)
 
 
 def run(report: Report, quick: bool) -> None:
@@ -142,6 +156,7 @@ def run(report: Report, quick: bool) -> None:
 
     # Faults on its own: the whole cost of the layer over a bare call.
     faults = pipelines[-1].policies[-1]
+    assert isinstance(faults, rs.Faults)
     alone = faults(_bare)
     lone = measure(
         {"bare call": lambda: _bare(1), "@rs.Faults (chaos off)": lambda: alone(1)},
