@@ -31,7 +31,12 @@ def _serve_forever(servers: list[tuple[Any, Any]], ready: dict[str, Any]) -> Non
         print(json.dumps(ready), flush=True)
         await asyncio.gather(*tasks)
 
-    asyncio.run(main())
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(main())
+    else:
+        uvloop.run(main())
 
 
 def _upstreams(args: argparse.Namespace) -> int:
