@@ -194,11 +194,13 @@ class Retry(PolicyBase):
         run = self._start()
         while True:
             if exc is not None:
-                if not self._matches(exc):
-                    raise exc
-                delay = self._plan(run, exc)
-                if delay is None:
-                    raise exc
+                if not self._matches(exc) or (delay := self._plan(run, exc)) is None:
+                    try:
+                        raise exc
+                    finally:
+                        # Not kept by this frame, which the traceback references: no
+                        # exception <-> frame cycle left for the garbage collector.
+                        exc = None
             else:
                 delay = self._plan(run, None)
                 if delay is None:
@@ -247,11 +249,11 @@ class Retry(PolicyBase):
         run = self._start()
         while True:
             if exc is not None:
-                if not self._matches(exc):
-                    raise exc
-                delay = self._plan(run, exc)
-                if delay is None:
-                    raise exc
+                if not self._matches(exc) or (delay := self._plan(run, exc)) is None:
+                    try:
+                        raise exc
+                    finally:
+                        exc = None  # no exception <-> frame cycle (see _resume)
             else:
                 delay = self._plan(run, None)
                 if delay is None:
