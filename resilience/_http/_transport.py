@@ -509,7 +509,12 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observab
             delay = self._plan(run, host, response, exc)
             if delay is None:
                 if exc is not None:
-                    raise exc
+                    try:
+                        raise exc
+                    finally:
+                        # Not kept by this frame, which the traceback references: no
+                        # exception <-> frame cycle left for the garbage collector.
+                        exc = None
                 assert response is not None
                 return response
             if response is not None:
@@ -709,7 +714,12 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observab
             delay = self._plan(run, host, response, exc)
             if delay is None:
                 if exc is not None:
-                    raise exc
+                    try:
+                        raise exc
+                    finally:
+                        # Not kept by this frame, which the traceback references: no
+                        # exception <-> frame cycle left for the garbage collector.
+                        exc = None
                 assert response is not None
                 return response
             if response is not None:

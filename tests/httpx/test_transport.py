@@ -575,3 +575,61 @@ async def test_cancelled_requests_leak_no_slot_and_no_probe(fake_clock: FakeCloc
             group.cancel_scope.cancel()
         assert bulkhead.statistics(key="a.test").in_flight == 0
         assert (await client.get(A)).status_code == 200  # the probe was freed, slot too
+
+
+# -- garbage ----------------------------------------------------------------------------
+
+
+class Unreachable(httpx.ConnectError):
+    """A connection failure that can be weakly referenced (to see when it is freed)."""
+
+
+def _unreachable(request: httpx.Request) -> httpx.Response:
+    raise Unreachable("down", request=request)
+
+
+def test_giving_up_leaves_no_reference_cycles(fake_clock: FakeClock) -> None:
+    """The exception re-raised after the last attempt is freed by reference counting
+    alone (no exception <-> frame cycle): under thousands of failed requests a second
+    such cycles made the cycle collector pause a service for hundreds of milliseconds."""
+    import gc
+    import weakref
+
+    t = ResilientTransport(
+        httpx.MockTransport(_unreachable), attempts=3, backoff=NO_BACKOFF, clock=fake_clock
+    )
+    request = httpx.Request("GET", "http://a.test/")
+    gc.disable()
+    try:
+        try:
+            t.handle_request(request)
+        except Unreachable as exc:
+            ref = weakref.ref(exc)
+        assert ref() is None
+    finally:
+        gc.enable()
+
+
+def test_giving_up_leaves_no_reference_cycles_async() -> None:
+    """The same for the async transport."""
+    import asyncio
+    import gc
+    import weakref
+
+    async def unreachable(request: httpx.Request) -> httpx.Response:
+        raise Unreachable("down", request=request)
+
+    t = ResilientTransport(httpx.MockTransport(unreachable), attempts=3, backoff=NO_BACKOFF)
+
+    async def freed() -> bool:
+        gc.disable()
+        try:
+            try:
+                await t.handle_async_request(httpx.Request("GET", "http://a.test/"))
+            except Unreachable as exc:
+                ref = weakref.ref(exc)
+            return ref() is None
+        finally:
+            gc.enable()
+
+    assert asyncio.run(freed())
