@@ -118,6 +118,17 @@ def run_script(**env: str) -> dict[str, Any]:
     return json.loads(result.stdout)  # type: ignore[no-any-return]
 
 
+#: What every built pipeline answers while its Faults layer is in and chaos is on (the
+#: Fallback outside two Faults in a row turns the injected error into "fallback").
+INJECTING = {
+    "partials": "injected",
+    "closure": "injected",
+    "async": "injected",
+    "two": "fallback",
+    "alone": "injected",
+}
+
+
 @pytest.fixture(scope="module")
 def report() -> dict[str, Any]:
     """The script's report, run once for the tests that share the default environment."""
@@ -144,13 +155,7 @@ def test_switching_chaos_on_splices_every_deferred_layer_in(report: dict[str, An
     """Inside chaos.enabled(), pipelines decorated before it inject: through partial
     and closure layers, sync and async, two Faults in a row, one-off calls, and
     pipelines built while enabled."""
-    assert report["enabled"] == {
-        "partials": "injected",
-        "closure": "injected",
-        "async": "injected",
-        "two": "fallback",
-        "alone": "injected",
-    }
+    assert report["enabled"] == INJECTING
     assert report["one_off_enabled"] == "injected"
     assert report["built_while_enabled"] == "injected"
 
@@ -181,10 +186,4 @@ def test_environment_variable_puts_the_layers_in_from_the_start() -> None:
     """With RESILIENCE_CHAOS=1 nothing is deferred: every layer is there and injects."""
     report = run_script(RESILIENCE_CHAOS="1")
     assert report["armed_before"] is True
-    assert report["before"] == {
-        "partials": "injected",
-        "closure": "injected",
-        "async": "injected",
-        "two": "fallback",
-        "alone": "injected",
-    }
+    assert report["before"] == INJECTING
