@@ -30,7 +30,8 @@ demo: $(STAMP)
 	$(BIN)/python -m integrations.summarizer demo --quick
 
 bench: $(STAMP)
-	command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk) || echo "wrk unavailable: the uvicorn row will be skipped"
+	command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk) || echo "wrk unavailable: the uvicorn req/s table will be skipped"
+	command -v callgrind_control >/dev/null || apt-get install -y -qq valgrind || echo "valgrind unavailable: the instruction-count table will be skipped"
 	$(BIN)/python -m benchmarks
 
 chaos: $(STAMP)

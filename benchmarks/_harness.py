@@ -148,6 +148,8 @@ class Section:
     baseline: str
     rows: list[Row] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    #: What the "per call" and "overhead" columns count (µs unless a section says).
+    unit: str = "µs"
 
     def add(
         self,
@@ -170,6 +172,21 @@ class Section:
         self.rows.append(row)
         return row
 
+    def add_count(
+        self,
+        name: str,
+        value: float,
+        *,
+        baseline: float | None = None,
+        ours: bool = True,
+        note: str = "",
+    ) -> Row:
+        """Add a row already in the section's ``unit`` (a count, not a time)."""
+        overhead = None if baseline is None else value - baseline
+        row = Row(name, value, overhead, "", None, note, ours)
+        self.rows.append(row)
+        return row
+
 
 class Report:
     """Collects sections from every benchmark module and renders RESULTS.md."""
@@ -179,9 +196,9 @@ class Report:
         self.rounds = _rounds(quick)
         self.sections: list[Section] = []
 
-    def section(self, title: str, baseline: str) -> Section:
-        """Start a new table."""
-        section = Section(title, baseline)
+    def section(self, title: str, baseline: str, *, unit: str = "µs") -> Section:
+        """Start a new table (``unit``: what its per-call column counts)."""
+        section = Section(title, baseline, unit=unit)
         self.sections.append(section)
         return section
 
@@ -191,7 +208,8 @@ class Report:
         for section in self.sections:
             out.append(f"\n## {section.title}\n")
             out.append(f"Baseline: {section.baseline}. Overhead = case − baseline, same run.\n")
-            out.append("| case | per call (µs) | overhead (µs) | target | met | note |")
+            unit = section.unit
+            out.append(f"| case | per call ({unit}) | overhead ({unit}) | target | met | note |")
             out.append("|---|---:|---:|---|:-:|---|")
             for row in section.rows:
                 name = f"**{row.name}**" if row.ours else row.name

@@ -8,10 +8,17 @@ refusing) and IETF headers on. Peers, in the same run: slowapi's decorator (need
 ``SlowAPIMiddleware`` (a Starlette ``BaseHTTPMiddleware``), all with headers enabled.
 
 Under uvicorn (loopback, one worker per app, httptools when installed): ``wrk`` for a
-few seconds per app, apps interleaved round by round; the median of each app's req/s and
-of its per-round ratio to the bare app, plus the server's CPU time per request (the
-steadier number on a shared machine). Skipped with a note when ``wrk`` is missing
-(Debian: ``apt-get install wrk``).
+few seconds per app after a one-second warm-up, apps interleaved round by round; the
+median of each app's req/s and of its per-round ratio to the bare app, plus the
+server's CPU time per request. Skipped with a note when ``wrk`` is missing (Debian:
+``apt-get install wrk``).
+
+Under uvicorn and callgrind: the instructions the server executes per request, a count
+that machine noise cannot move, so it resolves differences the req/s table cannot.
+
+Every table has a floor row, :class:`ConstantFields`: the same two response fields,
+precomputed, with no limiter at all. What it costs, any limiter that sends the fields
+costs too.
 """
 
 from __future__ import annotations
@@ -56,6 +63,33 @@ def ours_raw() -> Any:
     return RateLimitMiddleware(raw_app, limiter=RateLimiter(HUGE))
 
 
+class ConstantFields:
+    """The floor of any limiter that answers with rate-limit fields: a pure ASGI
+    middleware adding the two IETF fields RateLimitMiddleware sends here, precomputed
+    (no key, no limiter, no arithmetic). What it costs is the price of the fields
+    themselves: wrapping ``send`` and the server writing two more header lines."""
+
+    def __init__(self, app: Any) -> None:
+        from resilience.asgi._headers import RateLimitHeaders
+        from resilience.ratelimit import RateLimiter
+
+        limiter = RateLimiter(HUGE)
+        self.app = app
+        self.fields = RateLimitHeaders("default", limiter, "ietf").admitted_values(
+            int(limiter.burst) - 1, 1e-6
+        )
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        fields = self.fields
+
+        def send_with_fields(message: dict[str, Any]) -> Any:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", ()), *fields]
+            return send(message)
+
+        await self.app(scope, receive, send_with_fields)
+
+
 def starlette_app(middleware: list[Any] | None = None) -> Any:
     from starlette.applications import Starlette
     from starlette.responses import PlainTextResponse
@@ -65,6 +99,12 @@ def starlette_app(middleware: list[Any] | None = None) -> Any:
         return PlainTextResponse("ok")
 
     return Starlette(routes=[Route("/", home)], middleware=middleware or [])
+
+
+def constant_fields_starlette() -> Any:
+    from starlette.middleware import Middleware
+
+    return starlette_app([Middleware(ConstantFields)])
 
 
 def ours_starlette() -> Any:
@@ -184,6 +224,7 @@ def _in_process(report: Report, quick: bool) -> None:
         "bare ASGI app": raw_app,
         "RateLimitMiddleware(bare ASGI app)": ours_raw(),
         "bare Starlette app": bare_starlette(),
+        "Starlette + the two fields, constant (no limiter)": constant_fields_starlette(),
         "Starlette + RateLimitMiddleware": ours_starlette(),
         "Starlette + slowapi @limiter.limit decorator": slowapi_decorator(),
         "Starlette + slowapi SlowAPIASGIMiddleware": slowapi_asgi(),
@@ -212,6 +253,13 @@ def _in_process(report: Report, quick: bool) -> None:
         note="memory backend, IETF headers on",
     )
     section.add("bare Starlette app", starlette, ours=True)
+    section.add(
+        "Starlette + the two fields, constant (no limiter)",
+        results["Starlette + the two fields, constant (no limiter)"],
+        baseline_s=starlette,
+        ours=False,
+        note="floor: what sending the fields costs",
+    )
     section.add(
         "Starlette + RateLimitMiddleware",
         results["Starlette + RateLimitMiddleware"],
@@ -253,11 +301,14 @@ def _http_impl() -> str:
     return "httptools"
 
 
-def _start_uvicorn(factory: str) -> tuple[subprocess.Popen[bytes], int]:
+def _start_uvicorn(
+    factory: str, *, wrapper: tuple[str, ...] = (), startup_s: float = 15
+) -> tuple[subprocess.Popen[bytes], int]:
     port = _free_port()
     root = Path(__file__).resolve().parent.parent
     process = subprocess.Popen(
         [
+            *wrapper,
             sys.executable,
             "-m",
             "uvicorn",
@@ -275,8 +326,9 @@ def _start_uvicorn(factory: str) -> tuple[subprocess.Popen[bytes], int]:
         ],
         cwd=root,
         env={**os.environ, "PYTHONPATH": str(root)},
+        stderr=subprocess.DEVNULL if wrapper else None,
     )
-    deadline = time.monotonic() + 15
+    deadline = time.monotonic() + startup_s
     while time.monotonic() < deadline:
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.2):
@@ -325,6 +377,7 @@ def _uvicorn(report: Report, quick: bool) -> None:
         return
     factories = {
         "bare Starlette app": "bare_starlette",
+        "Starlette + the two fields, constant (no limiter)": "constant_fields_starlette",
         "Starlette + RateLimitMiddleware": "ours_starlette",
         "Starlette + slowapi SlowAPIASGIMiddleware": "slowapi_asgi",
         "Starlette + slowapi @limiter.limit decorator": "slowapi_decorator",
@@ -335,8 +388,6 @@ def _uvicorn(report: Report, quick: bool) -> None:
     try:
         for name, factory in factories.items():
             servers[name] = _start_uvicorn(factory)
-        for _, port in servers.values():
-            _wrk(port, 1)  # warm up
         rps: dict[str, list[float]] = {name: [] for name in factories}
         ratios: dict[str, list[float]] = {name: [] for name in factories}
         cpu: dict[str, list[float]] = {name: [] for name in factories}
@@ -345,6 +396,9 @@ def _uvicorn(report: Report, quick: bool) -> None:
             # so the ratio to the bare app of the *same round* is the robust number.
             measured: dict[str, float] = {}
             for name, (process, port) in servers.items():
+                # A server idle while the others ran starts its turn slower (seen here:
+                # 5-10% lower req/s in its first seconds): warm it up, then measure.
+                _wrk(port, 1)
                 before = _cpu_seconds(process.pid)
                 measured[name], requests = _wrk(port, seconds)
                 cpu[name].append((_cpu_seconds(process.pid) - before) / requests)
@@ -365,7 +419,7 @@ def _uvicorn(report: Report, quick: bool) -> None:
         section.add(
             name,
             1.0 / median_rps,
-            ours="slowapi" not in name,
+            ours="slowapi" not in name and "constant" not in name,
             target_text=target,
             met=(ratio >= 0.9) if target else None,
             note=(
@@ -382,7 +436,116 @@ def _uvicorn(report: Report, quick: bool) -> None:
     )
 
 
+# -- uvicorn under callgrind ---------------------------------------------------------------
+
+_REQUEST = b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nUser-Agent: bench\r\n\r\n"
+
+
+def _requests(port: int, count: int) -> None:
+    """``count`` GET requests, one after another on one keep-alive connection."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        pending = b""
+        for _ in range(count):
+            sock.sendall(_REQUEST)
+            while b"\r\n\r\n" not in pending:
+                pending += sock.recv(65536)
+            head, _, pending = pending.partition(b"\r\n\r\n")
+            if not head.startswith(b"HTTP/1.1 200"):
+                raise RuntimeError(f"unexpected response: {head!r}")
+            found = re.search(rb"(?i)content-length: *(\d+)", head)
+            if found is None:
+                raise RuntimeError(f"no content-length: {head!r}")
+            length = int(found.group(1))
+            while len(pending) < length:
+                pending += sock.recv(65536)
+            pending = pending[length:]
+
+
+def _instructions_per_request(factory: str, requests: int, out: Path) -> float:
+    """Instructions the server process executes per request, counted by callgrind.
+
+    The server starts under valgrind with counting off; after a warm-up, counting is
+    switched on for exactly ``requests`` requests on one connection, then dumped.
+    """
+    process, port = _start_uvicorn(
+        factory,
+        wrapper=(
+            "valgrind",
+            "--tool=callgrind",
+            "--instr-atstart=no",
+            f"--callgrind-out-file={out}",
+        ),
+        startup_s=120,
+    )
+    try:
+        _requests(port, 300)
+        pid = str(process.pid)
+        control = ["callgrind_control"]
+        subprocess.run([*control, "-i", "on", pid], check=True, capture_output=True, timeout=60)
+        _requests(port, requests)
+        subprocess.run([*control, "-i", "off", pid], check=True, capture_output=True, timeout=60)
+        subprocess.run([*control, "-d", pid], check=True, capture_output=True, timeout=120)
+    finally:
+        process.terminate()
+        process.wait(60)
+    totals = [
+        int(match.group(1))
+        for dump in out.parent.glob(out.name + "*")
+        for match in re.finditer(r"^totals: (\d+)$", dump.read_text(), re.MULTILINE)
+    ]
+    return max(totals) / requests
+
+
+def _callgrind(report: Report, quick: bool) -> None:
+    section = report.section(
+        "ASGI rate limiting under uvicorn: server instructions per request (issue 6)",
+        "the bare Starlette app under the same server",
+        unit="k instructions",
+    )
+    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
+        section.notes.append(
+            "Skipped: valgrind is not installed (Debian: `apt-get install -y valgrind`)."
+        )
+        return
+    import tempfile
+
+    factories = {
+        "bare Starlette app": "bare_starlette",
+        "Starlette + the two fields, constant (no limiter)": "constant_fields_starlette",
+        "Starlette + RateLimitMiddleware": "ours_starlette",
+        "Starlette + slowapi SlowAPIASGIMiddleware": "slowapi_asgi",
+        "Starlette + slowapi @limiter.limit decorator": "slowapi_decorator",
+    }
+    requests = 1_000 if quick else 3_000
+    counts: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, factory in factories.items():
+            counts[name] = _instructions_per_request(
+                factory, requests, Path(tmp) / f"{factory}.callgrind"
+            )
+    bare = counts["bare Starlette app"]
+    for name, count in counts.items():
+        section.add_count(
+            name,
+            count / 1000,
+            baseline=None if name.startswith("bare") else bare / 1000,
+            ours=name.startswith("bare") or name.endswith("RateLimitMiddleware"),
+            note="" if name.startswith("bare") else f"{bare / count:.3f}x bare",
+        )
+    section.notes.append(
+        f"`valgrind --tool=callgrind`, counting switched on for {requests:,} sequential "
+        "keep-alive requests after a warm-up; every instruction of the server process "
+        "(uvicorn, httptools, Starlette, the middleware, the kernel calls' user side). A "
+        "count, not a time: the same on a busy or an idle machine, so it shows what the "
+        "req/s table above cannot resolve through its noise. 'x bare' is the bare count "
+        "over the case's: the req/s ratio the server would reach if every instruction took "
+        "the same time (header-writing C code runs faster than interpreted Python, so the "
+        "constant-fields floor usually costs less time than its count suggests)."
+    )
+
+
 def run(report: Report, quick: bool) -> None:
     """Entry point for ``python -m benchmarks``."""
     _in_process(report, quick)
     _uvicorn(report, quick)
+    _callgrind(report, quick)
