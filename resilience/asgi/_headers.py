@@ -184,8 +184,13 @@ class RateLimitHeaders:
         tolerance, emission, per_second = gcra.tolerance, gcra.emission, gcra._ticks_per_s
         rendered = self._fields
         ceil = math.ceil
+        # The fields after one token from a full bucket (fill == emission), the common
+        # case, rendered once and kept apart from the bounded cache.
+        full = admitted_values(*gcra.admitted_state(emission))
 
         def fields_for_fill(fill: int) -> Sequence[Header]:
+            if fill == emission:
+                return full
             remaining = (tolerance - fill) // emission
             reset = fill / per_second
             found = rendered.get((remaining, ceil(reset - 1e-9) if reset > 0 else 0))

@@ -195,6 +195,7 @@ class MemoryBuckets:
         else:
             now = round(self._monotonic() * 1_000_000) * self._us_ticks
         tats = self._tats
+        emission = self._emission
         self._acquire()
         try:
             stored = tats.pop(key, None)
@@ -202,15 +203,22 @@ class MemoryBuckets:
                 stored = self._floor
                 if tats:
                     self._sweep(now)
-            tat = stored if stored > now else now
-            wait = tat + self._emission - self._tolerance - now
-            if wait <= 0:
-                tat += self._emission
+            if stored <= now:
+                # A full bucket, the common case (most clients stay under their limit):
+                # one token always conforms (burst >= 1), and the fill is one emission.
+                tats[key] = now + emission
                 self.admitted += 1
-            if tat > now:  # not full: keep it, as the most recently used key
-                tats[key] = tat
                 if len(tats) > self.max_keys:
                     self._evict_oldest(now)
+                return emission
+            tat = stored
+            wait = tat + emission - self._tolerance - now
+            if wait <= 0:
+                tat += emission
+                self.admitted += 1
+            tats[key] = tat  # not full (tat > now): keep it, as the most recently used key
+            if len(tats) > self.max_keys:
+                self._evict_oldest(now)
         finally:
             self._release()
         if wait <= 0:
