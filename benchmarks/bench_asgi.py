@@ -285,6 +285,15 @@ def _in_process(report: Report, quick: bool) -> None:
 
 # -- uvicorn + wrk ---------------------------------------------------------------------------
 
+#: The apps served by uvicorn (row name -> factory in this module), bare app first.
+SERVED = {
+    "bare Starlette app": "bare_starlette",
+    "Starlette + the two fields, constant (no limiter)": "constant_fields_starlette",
+    "Starlette + RateLimitMiddleware": "ours_starlette",
+    "Starlette + slowapi SlowAPIASGIMiddleware": "slowapi_asgi",
+    "Starlette + slowapi @limiter.limit decorator": "slowapi_decorator",
+}
+
 
 def _free_port() -> int:
     with socket.socket() as sock:
@@ -375,13 +384,7 @@ def _uvicorn(report: Report, quick: bool) -> None:
             "target installs it when it can)."
         )
         return
-    factories = {
-        "bare Starlette app": "bare_starlette",
-        "Starlette + the two fields, constant (no limiter)": "constant_fields_starlette",
-        "Starlette + RateLimitMiddleware": "ours_starlette",
-        "Starlette + slowapi SlowAPIASGIMiddleware": "slowapi_asgi",
-        "Starlette + slowapi @limiter.limit decorator": "slowapi_decorator",
-    }
+    factories = SERVED
     seconds = 2
     rounds = 4 if quick else 8
     servers = {}
@@ -509,13 +512,7 @@ def _callgrind(report: Report, quick: bool) -> None:
         return
     import tempfile
 
-    factories = {
-        "bare Starlette app": "bare_starlette",
-        "Starlette + the two fields, constant (no limiter)": "constant_fields_starlette",
-        "Starlette + RateLimitMiddleware": "ours_starlette",
-        "Starlette + slowapi SlowAPIASGIMiddleware": "slowapi_asgi",
-        "Starlette + slowapi @limiter.limit decorator": "slowapi_decorator",
-    }
+    factories = SERVED
     requests = 1_000 if quick else 3_000
     counts: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as tmp:
