@@ -439,10 +439,10 @@ def _uvicorn(report: Report, quick: bool) -> None:
         )
     section.notes.append(
         f"`wrk -t1 -c32 -d{seconds}s` against one uvicorn worker per app ({_http_impl()}, no "
-        f"access log), {rounds} interleaved rounds; medians of req/s and of the per-round ratio to "
-        "the bare app. 'per call' is 1 / req/s. Client and servers share the machine's cores, "
-        "so req/s moves with other load; the server's CPU time per request (from /proc) is "
-        "the steadier measure of the middleware's cost."
+        f"access log), each run after a 1 s warm-up run, {rounds} interleaved rounds; medians "
+        "of req/s and of the per-round ratio to the bare app. 'per call' is 1 / req/s. Client "
+        "and servers share the machine's cores, so req/s moves with other load; the "
+        "instruction counts below do not."
     )
 
 
