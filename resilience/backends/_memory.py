@@ -205,17 +205,16 @@ class MemoryBuckets:
                     self._sweep(now)
             if stored <= now:
                 # A full bucket, the common case (most clients stay under their limit):
-                # one token always conforms (burst >= 1), and the fill is one emission.
-                tats[key] = now + emission
+                # one token always conforms (burst >= 1), no GCRA arithmetic needed.
+                tat = now + emission
+                wait = 0
                 self.admitted += 1
-                if len(tats) > self.max_keys:
-                    self._evict_oldest(now)
-                return emission
-            tat = stored
-            wait = tat + emission - self._tolerance - now
-            if wait <= 0:
-                tat += emission
-                self.admitted += 1
+            else:
+                tat = stored
+                wait = tat + emission - self._tolerance - now
+                if wait <= 0:
+                    tat += emission
+                    self.admitted += 1
             tats[key] = tat  # not full (tat > now): keep it, as the most recently used key
             if len(tats) > self.max_keys:
                 self._evict_oldest(now)
