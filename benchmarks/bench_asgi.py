@@ -30,6 +30,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -517,8 +518,6 @@ def _callgrind(report: Report, quick: bool) -> None:
             "Skipped: valgrind is not installed (Debian: `apt-get install -y valgrind`)."
         )
         return
-    import tempfile
-
     factories = SERVED
     requests = 1_000 if quick else 3_000
     counts: dict[str, float] = {}
