@@ -32,7 +32,7 @@ Example::
     app.mount("/metrics", metrics.asgi_app())
 """
 
-from ._logging import DEFAULT_LEVELS, LoggingListener
+from ._logging import DEFAULT_LEVELS, TRANSITIONS, LoggingListener
 from ._otel import OpenTelemetryMetrics
 from ._prometheus import PrometheusMetrics
 from ._series import (
@@ -67,6 +67,7 @@ __all__ = [
     "SERIES",
     "STATE_CHANGES",
     "TIMEOUTS",
+    "TRANSITIONS",
     "WAIT_DURATION",
     "LoggingListener",
     "OpenTelemetryMetrics",

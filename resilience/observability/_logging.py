@@ -1,11 +1,22 @@
-"""Logging adapter: every policy event as one structured log record."""
+"""Logging adapter: policy events as structured log records, without floods.
+
+Events fall in two groups. *Transitions* (a breaker changing state, a backend
+recovering, a lost bulkhead lease) are rare by nature and always logged. *Per-call*
+events (a fallback decision, a rejection, a retry, a failed outcome...) can come by the
+thousand per second during an outage, so by default at most one record per event type
+and policy is written every ``repeat_interval`` seconds; the next record says how many
+were left out. A transition of a policy starts a new episode: its pending counts are
+reported on the transition's record, and the next per-call event is logged at once.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 from collections.abc import Mapping
 
+from .._clock import SYSTEM_CLOCK, Clock
 from .._events import (
     BackendFallback,
     BackendRecovered,
@@ -20,8 +31,11 @@ from .._events import (
     add_listener,
     remove_listener,
 )
+from .._validate import check_number
+from ..asgi._events import RequestAdmitted, RequestCompleted
+from ..bulkhead._events import BulkheadLeaseLost
 
-__all__ = ["DEFAULT_LEVELS", "LoggingListener"]
+__all__ = ["DEFAULT_LEVELS", "TRANSITIONS", "LoggingListener"]
 
 #: Log level per event type (the first ``isinstance`` match wins; others: INFO).
 DEFAULT_LEVELS: Mapping[type[Event], int] = {
@@ -29,21 +43,38 @@ DEFAULT_LEVELS: Mapping[type[Event], int] = {
     BackendFallback: logging.WARNING,
     RetriesExhausted: logging.WARNING,
     RetryBudgetExhausted: logging.WARNING,
+    BulkheadLeaseLost: logging.WARNING,
     BackendRecovered: logging.INFO,
     TimedOut: logging.INFO,
     FallbackUsed: logging.INFO,
     CallRejected: logging.DEBUG,
     RetryScheduled: logging.DEBUG,
+    # One per request on the happy path: only worth a record when debugging.
+    RequestAdmitted: logging.DEBUG,
+    RequestCompleted: logging.DEBUG,
 }
+
+#: Event types that are always logged, never counted as repeats (``isinstance``).
+TRANSITIONS: tuple[type[Event], ...] = (StateChanged, BackendRecovered, BulkheadLeaseLost)
+
+_MAX_POLICIES = 10_000  # bound on the repeat table; policy names are few in practice
 
 
 class LoggingListener:
-    """Log every event of every policy: ``resilience.events`` logger, one record each.
+    """Log policy events on the ``resilience.events`` logger, repeats summarized.
 
     The message reads ``"<EventType> policy=<name> key=<key> field=value ..."``; the
     event itself is attached as ``record.resilience_event`` for structured handlers.
     Levels come from ``levels`` (state changes and backend fallbacks WARNING,
-    rejections and scheduled retries DEBUG, ...); a disabled level costs one check.
+    rejections, scheduled retries and per-request admissions DEBUG, the rest INFO); a
+    disabled level costs one check.
+
+    Of the same event type from the same policy, at most one record is written per
+    ``repeat_interval`` seconds (``None``: every event). The next record of that type
+    and policy ends with ``repeats=N``, the events left out since the previous record
+    (also ``record.resilience_repeats``). :data:`TRANSITIONS` are always logged; such
+    a record ends with the policy's left-out counts (``left_out={'BackendFallback':
+    1234}``), and after it the next event of any type is logged at once.
 
     Example::
 
@@ -57,39 +88,83 @@ class LoggingListener:
         *,
         levels: Mapping[type[Event], int] = DEFAULT_LEVELS,
         default_level: int = logging.INFO,
+        repeat_interval: float | None = 10.0,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.logger = logging.getLogger("resilience.events") if logger is None else logger
         self._levels = tuple(levels.items())
         self._default = default_level
-        self._cache: dict[type[Event], int] = {}
+        self.repeat_interval = (
+            None
+            if repeat_interval is None
+            else check_number("repeat_interval", repeat_interval, minimum=0)
+        )
+        self._clock = clock
+        self._cache: dict[type[Event], tuple[int, bool]] = {}
+        # policy -> event type -> [time of its last record, events left out since]
+        self._last: dict[str, dict[type[Event], list[float]]] = {}
+        self._lock = threading.Lock()  # listeners run in whatever thread emits
 
     def level_of(self, event: Event) -> int:
         """The level ``event`` is logged at."""
-        kind = type(event)
-        level = self._cache.get(kind)
-        if level is None:
+        return self._kind(type(event))[0]
+
+    def _kind(self, kind: type[Event]) -> tuple[int, bool]:
+        found = self._cache.get(kind)
+        if found is None:
             level = next((lvl for cls, lvl in self._levels if issubclass(kind, cls)), self._default)
-            self._cache[kind] = level
-        return level
+            found = (level, issubclass(kind, TRANSITIONS))
+            self._cache[kind] = found
+        return found
 
     def __call__(self, event: Event) -> None:
         """Log ``event`` (this is what makes the adapter a listener)."""
-        level = self.level_of(event)
-        if not self.logger.isEnabledFor(level):
+        kind = type(event)
+        level, transition = self._kind(kind)
+        suffix = ""
+        repeats = 0
+        if transition and self.repeat_interval is not None:
+            # A new episode for this policy, whether or not this record is written.
+            with self._lock:
+                episode = self._last.pop(event.policy, None)
+            if not self.logger.isEnabledFor(level):
+                return
+            left_out = {k.__name__: int(v[1]) for k, v in (episode or {}).items() if v[1]}
+            if left_out:
+                suffix = f"left_out={left_out!r}"
+        elif not self.logger.isEnabledFor(level):
             return
-        details = " ".join(
+        elif self.repeat_interval is not None:
+            now = self._clock.monotonic()
+            with self._lock:
+                episode = self._last.get(event.policy)
+                if episode is None:
+                    if len(self._last) >= _MAX_POLICIES:
+                        self._last.clear()
+                    episode = self._last[event.policy] = {}
+                last = episode.get(kind)
+                if last is not None and now - last[0] < self.repeat_interval:
+                    last[1] += 1
+                    return
+                repeats = 0 if last is None else int(last[1])
+                episode[kind] = [now, 0]
+            if repeats:
+                suffix = f"repeats={repeats}"
+        fields = [
             f"{field.name}={getattr(event, field.name)!r}"
             for field in dataclasses.fields(event)
             if field.name not in ("policy", "key")
-        )
+        ]
+        if suffix:
+            fields.append(suffix)
         self.logger.log(
             level,
-            "%s policy=%s key=%s %s",
-            type(event).__name__,
+            "%s policy=%s key=%s%s",
+            kind.__name__,
             event.policy,
             event.key,
-            details,
-            extra={"resilience_event": event},
+            "".join(" " + text for text in fields),
+            extra={"resilience_event": event, "resilience_repeats": repeats},
         )
 
     def install(self) -> LoggingListener:
