@@ -492,8 +492,14 @@ def _uvicorn(report: Report, quick: bool) -> None:
             target_text=target,
             met=(ratio >= 0.9) if target else None,
             note=(
-                f"{median_rps:,.0f} req/s, {ratio:.2f}x bare; server CPU "
-                f"{server_cpu * 1e6:.0f} µs/request ({bare_cpu / server_cpu:.2f}x bare)"
+                f"{median_rps:,.0f} req/s, {ratio:.2f}x bare"
+                + (
+                    ""
+                    if name.startswith("bare")
+                    else f" (rounds {min(ratios[name]):.2f}-{max(ratios[name]):.2f})"
+                )
+                + f"; server CPU {server_cpu * 1e6:.0f} µs/request "
+                f"({bare_cpu / server_cpu:.2f}x bare)"
             ),
         )
     section.notes.append(
