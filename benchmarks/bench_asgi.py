@@ -492,7 +492,7 @@ def _uvicorn(report: Report, quick: bool) -> None:
             target_text=target,
             met=(ratio >= 0.9) if target else None,
             note=(
-                f"{median_rps:,.0f} req/s, {ratio:.2f}x bare"
+                f"{median_rps:,.0f} req/s, {ratio:.3f}x bare"
                 + (
                     ""
                     if name.startswith("bare")
