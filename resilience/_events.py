@@ -3,12 +3,16 @@
 Every policy keeps its own listeners (``policy.add_listener(fn)``) and also notifies
 the global ones (:func:`add_listener`). A policy checks ``if self._listeners or
 GLOBAL_LISTENERS`` before it builds an event, so nobody listening costs one truth test.
-A listener that raises is logged and never breaks the call it observes.
+A listener that raises is logged and never breaks the call it observes; a listener
+that keeps raising is logged once per 10 seconds, with the count of failures left out,
+so that a broken listener cannot flood the log.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -160,6 +164,7 @@ def add_listener(listener: Listener) -> Listener:
             logging.info("%r", event)
     """
     GLOBAL_LISTENERS.append(listener)
+    _forget_failures(listener)
     return listener
 
 
@@ -174,16 +179,62 @@ def remove_listener(listener: Listener) -> None:
         pass
 
 
+# Seconds between two log records of the same failing listener.
+_LISTENER_ERROR_INTERVAL = 10.0
+
+# listener -> [monotonic time of its last record, failures left out since]
+_failures: dict[object, list[float]] = {}
+_failures_lock = threading.Lock()
+_monotonic = time.monotonic  # a module attribute, so that tests can replace it
+
+
 def emit(listeners: list[Listener], event: Event) -> None:
     """Deliver ``event`` to a policy's listeners, then to the global ones.
 
-    A listener that raises is logged at WARNING and skipped.
+    A listener that raises is logged at WARNING (with its traceback) and skipped; the
+    same listener failing again within 10 seconds is counted, and the next record says
+    how many failures were left out.
     """
     for listener in (*listeners, *GLOBAL_LISTENERS):
         try:
             listener(event)
         except Exception:
-            logger.warning("resilience: event listener %r failed", listener, exc_info=True)
+            _listener_failed(listener)
+
+
+def _slot(listener: Listener) -> object:
+    try:
+        hash(listener)
+    except TypeError:  # an unhashable callable object
+        return id(listener)
+    return listener
+
+
+def _forget_failures(listener: Listener) -> None:
+    """A listener added (again) starts afresh: its next failure is logged at once."""
+    if _failures:
+        with _failures_lock:
+            _failures.pop(_slot(listener), None)
+
+
+def _listener_failed(listener: Listener) -> None:
+    now = _monotonic()
+    slot = _slot(listener)
+    with _failures_lock:
+        last = _failures.get(slot)
+        if last is not None and now - last[0] < _LISTENER_ERROR_INTERVAL:
+            last[1] += 1
+            return
+        left_out = 0 if last is None else int(last[1])
+        if last is None and len(_failures) >= 1_000:
+            _failures.clear()
+        _failures[slot] = [now, 0]
+    logger.warning(
+        "resilience: event listener %r failed%s",
+        listener,
+        f" ({left_out} more failures since its last record)" if left_out else "",
+        exc_info=True,
+    )
 
 
 class Observable:
@@ -216,6 +267,7 @@ class Observable:
             retry.add_listener(print)
         """
         self._listeners.append(listener)
+        _forget_failures(listener)
         return listener
 
     def remove_listener(self, listener: Listener) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import logging
 import warnings
 from typing import Any
 
@@ -225,3 +226,57 @@ def test_pipeline_statistics_collects_each_policy() -> None:
     pipeline(lambda: (_ for _ in ()).throw(rs.Rejected()))()
     stats = pipeline.statistics()
     assert stats.policies == (rs.FallbackStatistics(used=1), retry.statistics(), None)
+
+
+def test_a_listener_that_keeps_failing_is_logged_once_per_interval(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """1,000 failures in a burst: one record; the next, 10 s later, counts the 999 left out."""
+    from resilience import _events
+
+    now = [1_000.0]
+    monkeypatch.setattr(_events, "_monotonic", lambda: now[0])
+    monkeypatch.setattr(_events, "_failures", {})
+
+    def broken(event: rs.Event) -> None:
+        raise RuntimeError("listener bug")
+
+    def working(event: rs.Event) -> None:
+        seen.append(event)
+
+    seen: list[rs.Event] = []
+    event = rs.CallRejected(policy="api")
+    with caplog.at_level(logging.WARNING, logger="resilience"):
+        for _ in range(1000):
+            _events.emit([broken, working], event)
+        assert len(seen) == 1000  # the broken listener never stops the others
+        assert len(caplog.records) == 1
+        assert caplog.records[0].exc_info is not None
+        now[0] += 10.0
+        _events.emit([broken], event)
+    assert len(caplog.records) == 2
+    assert "999 more failures since its last record" in caplog.records[1].getMessage()
+
+
+def test_a_listener_added_again_is_logged_at_once(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Re-adding a listener forgets its failures: the next one is logged, no waiting."""
+    from resilience import _events
+
+    monkeypatch.setattr(_events, "_monotonic", lambda: 5.0)
+    monkeypatch.setattr(_events, "_failures", {})
+
+    def broken(event: rs.Event) -> None:
+        raise RuntimeError("listener bug")
+
+    fallback = rs.Fallback("ok")
+    with caplog.at_level(logging.WARNING, logger="resilience"):
+        fallback.add_listener(broken)
+        fallback(lambda: (_ for _ in ()).throw(rs.Rejected()))()
+        fallback(lambda: (_ for _ in ()).throw(rs.Rejected()))()
+        assert len(caplog.records) == 1
+        fallback.remove_listener(broken)
+        fallback.add_listener(broken)
+        fallback(lambda: (_ for _ in ()).throw(rs.Rejected()))()
+    assert len(caplog.records) == 2
