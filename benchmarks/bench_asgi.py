@@ -108,15 +108,18 @@ def constant_fields_starlette() -> Any:
     return starlette_app([Middleware(ConstantFields)])
 
 
-def ours_starlette(headers: str = "ietf") -> Any:
+def _ours(build: Callable[[list[Any]], Any], headers: str = "ietf") -> Any:
+    """The app ``build`` makes, with RateLimitMiddleware (memory backend) in front."""
     from starlette.middleware import Middleware
 
     from resilience.asgi import RateLimitMiddleware
     from resilience.ratelimit import RateLimiter
 
-    return starlette_app(
-        [Middleware(RateLimitMiddleware, limiter=RateLimiter(HUGE), headers=headers)]
-    )
+    return build([Middleware(RateLimitMiddleware, limiter=RateLimiter(HUGE), headers=headers)])
+
+
+def ours_starlette(headers: str = "ietf") -> Any:
+    return _ours(starlette_app, headers)
 
 
 def ours_starlette_no_fields() -> Any:
@@ -149,7 +152,8 @@ def slowapi_decorator() -> Any:
     return app
 
 
-def _slowapi_middleware(kind: str) -> Any:
+def _slowapi_middleware(kind: str, build: Callable[[list[Any]], Any] | None = None) -> Any:
+    """The app ``build`` makes (default: the Starlette one), with slowapi's middleware."""
     from slowapi import _rate_limit_exceeded_handler
     from slowapi.errors import RateLimitExceeded
     from slowapi.middleware import SlowAPIASGIMiddleware, SlowAPIMiddleware
@@ -157,7 +161,7 @@ def _slowapi_middleware(kind: str) -> Any:
 
     limiter = _slowapi_limiter(default_limits=[SLOWAPI_HUGE])
     cls = SlowAPIASGIMiddleware if kind == "asgi" else SlowAPIMiddleware
-    app = starlette_app([Middleware(cls)])
+    app = (starlette_app if build is None else build)([Middleware(cls)])
     app.state.limiter = limiter
     app.add_exception_handler(RateLimitExceeded, _rate_limit_exceeded_handler)  # type: ignore[arg-type]
     return app
@@ -193,24 +197,11 @@ def bare_fastapi() -> Any:
 
 
 def ours_fastapi() -> Any:
-    from starlette.middleware import Middleware
-
-    from resilience.asgi import RateLimitMiddleware
-    from resilience.ratelimit import RateLimiter
-
-    return fastapi_app([Middleware(RateLimitMiddleware, limiter=RateLimiter(HUGE))])
+    return _ours(fastapi_app)
 
 
 def slowapi_asgi_fastapi() -> Any:
-    from slowapi import _rate_limit_exceeded_handler
-    from slowapi.errors import RateLimitExceeded
-    from slowapi.middleware import SlowAPIASGIMiddleware
-    from starlette.middleware import Middleware
-
-    app = fastapi_app([Middleware(SlowAPIASGIMiddleware)])
-    app.state.limiter = _slowapi_limiter(default_limits=[SLOWAPI_HUGE])
-    app.add_exception_handler(RateLimitExceeded, _rate_limit_exceeded_handler)
-    return app
+    return _slowapi_middleware("asgi", fastapi_app)
 
 
 # -- in process ----------------------------------------------------------------------------
@@ -331,7 +322,7 @@ def _in_process(report: Report, quick: bool) -> None:
 # -- uvicorn + wrk ---------------------------------------------------------------------------
 
 #: The apps served by uvicorn: row name -> factory in this module. Each row is compared
-#: with the bare app of its framework (:data:`BARE`).
+#: with the bare app of its framework (:func:`_bare_of`).
 SERVED = {
     "bare Starlette app": "bare_starlette",
     "Starlette + the two fields, constant (no limiter)": "constant_fields_starlette",
