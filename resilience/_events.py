@@ -11,10 +11,11 @@ so that a broken listener cannot flood the log.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from ._repeats import Repeats
 
 __all__ = [
     "GLOBAL_LISTENERS",
@@ -179,12 +180,8 @@ def remove_listener(listener: Listener) -> None:
         pass
 
 
-# Seconds between two log records of the same failing listener.
-_LISTENER_ERROR_INTERVAL = 10.0
-
-# listener -> [monotonic time of its last record, failures left out since]
-_failures: dict[object, list[float]] = {}
-_failures_lock = threading.Lock()
+# Failing listeners: at most one log record each per 10 seconds, the others counted.
+_failures: Repeats[object] = Repeats(10.0, max_keys=1_000)
 _monotonic = time.monotonic  # a module attribute, so that tests can replace it
 
 
@@ -213,22 +210,14 @@ def _slot(listener: Listener) -> object:
 def _forget_failures(listener: Listener) -> None:
     """A listener added (again) starts afresh: its next failure is logged at once."""
     if _failures:
-        with _failures_lock:
-            _failures.pop(_slot(listener), None)
+        slot = _slot(listener)
+        _failures.forget(lambda key: key == slot)
 
 
 def _listener_failed(listener: Listener) -> None:
-    now = _monotonic()
-    slot = _slot(listener)
-    with _failures_lock:
-        last = _failures.get(slot)
-        if last is not None and now - last[0] < _LISTENER_ERROR_INTERVAL:
-            last[1] += 1
-            return
-        left_out = 0 if last is None else int(last[1])
-        if last is None and len(_failures) >= 1_000:
-            _failures.clear()
-        _failures[slot] = [now, 0]
+    left_out = _failures.admit(_slot(listener), _monotonic())
+    if left_out is None:
+        return
     logger.warning(
         "resilience: event listener %r failed%s",
         listener,

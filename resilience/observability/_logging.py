@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import threading
 from collections.abc import Mapping
 
 from .._clock import SYSTEM_CLOCK, Clock
@@ -31,6 +30,7 @@ from .._events import (
     add_listener,
     remove_listener,
 )
+from .._repeats import Repeats
 from .._validate import check_number
 from ..asgi._events import RequestAdmitted, RequestCompleted
 from ..bulkhead._events import BulkheadLeaseLost
@@ -57,7 +57,7 @@ DEFAULT_LEVELS: Mapping[type[Event], int] = {
 #: Event types that are always logged, never counted as repeats (``isinstance``).
 TRANSITIONS: tuple[type[Event], ...] = (StateChanged, BackendRecovered, BulkheadLeaseLost)
 
-_MAX_POLICIES = 10_000  # bound on the repeat table; policy names are few in practice
+_MAX_KEYS = 10_000  # bound on the repeat table: (policy, event type) pairs are few in practice
 
 
 class LoggingListener:
@@ -101,9 +101,12 @@ class LoggingListener:
         )
         self._clock = clock
         self._cache: dict[type[Event], tuple[int, bool]] = {}
-        # policy -> event type -> [time of its last record, events left out since]
-        self._last: dict[str, dict[type[Event], list[float]]] = {}
-        self._lock = threading.Lock()  # listeners run in whatever thread emits
+        # Keyed by (policy, event type); listeners run in whatever thread emits.
+        self._repeats: Repeats[tuple[str, type[Event]]] | None = (
+            None
+            if self.repeat_interval is None
+            else Repeats(self.repeat_interval, max_keys=_MAX_KEYS)
+        )
 
     def level_of(self, event: Event) -> int:
         """The level ``event`` is logged at."""
@@ -123,31 +126,23 @@ class LoggingListener:
         level, transition = self._kind(kind)
         suffix = ""
         repeats = 0
-        if transition and self.repeat_interval is not None:
+        repeats_table = self._repeats
+        if transition and repeats_table is not None:
             # A new episode for this policy, whether or not this record is written.
-            with self._lock:
-                episode = self._last.pop(event.policy, None)
+            policy = event.policy
+            episode = repeats_table.forget(lambda key: key[0] == policy)
             if not self.logger.isEnabledFor(level):
                 return
-            left_out = {k.__name__: int(v[1]) for k, v in (episode or {}).items() if v[1]}
+            left_out = {key[1].__name__: count for key, count in episode.items()}
             if left_out:
                 suffix = f"left_out={left_out!r}"
         elif not self.logger.isEnabledFor(level):
             return
-        elif self.repeat_interval is not None:
-            now = self._clock.monotonic()
-            with self._lock:
-                episode = self._last.get(event.policy)
-                if episode is None:
-                    if len(self._last) >= _MAX_POLICIES:
-                        self._last.clear()
-                    episode = self._last[event.policy] = {}
-                last = episode.get(kind)
-                if last is not None and now - last[0] < self.repeat_interval:
-                    last[1] += 1
-                    return
-                repeats = 0 if last is None else int(last[1])
-                episode[kind] = [now, 0]
+        elif repeats_table is not None:
+            counted = repeats_table.admit((event.policy, kind), self._clock.monotonic())
+            if counted is None:
+                return
+            repeats = counted
             if repeats:
                 suffix = f"repeats={repeats}"
         fields = [

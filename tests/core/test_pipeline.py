@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 import resilience as rs
+from resilience._repeats import Repeats
 from resilience.testing import FakeClock
 
 
@@ -236,7 +237,7 @@ def test_a_listener_that_keeps_failing_is_logged_once_per_interval(
 
     now = [1_000.0]
     monkeypatch.setattr(_events, "_monotonic", lambda: now[0])
-    monkeypatch.setattr(_events, "_failures", {})
+    monkeypatch.setattr(_events, "_failures", Repeats(10.0, max_keys=1_000))
 
     def broken(event: rs.Event) -> None:
         raise RuntimeError("listener bug")
@@ -265,7 +266,7 @@ def test_a_listener_added_again_is_logged_at_once(
     from resilience import _events
 
     monkeypatch.setattr(_events, "_monotonic", lambda: 5.0)
-    monkeypatch.setattr(_events, "_failures", {})
+    monkeypatch.setattr(_events, "_failures", Repeats(10.0, max_keys=1_000))
 
     def broken(event: rs.Event) -> None:
         raise RuntimeError("listener bug")
