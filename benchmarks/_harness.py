@@ -143,27 +143,35 @@ def sign_test(case: list[float], baseline: list[float]) -> tuple[int, int, float
     return slower, n, min(1.0, 2 * tail)
 
 
-def median_difference_interval(
-    case: list[float], baseline: list[float], *, confidence: float = 0.90
-) -> tuple[float, float]:
-    """Paired rounds: an interval that holds the median of ``case - baseline`` with at
-    least ``confidence``, assuming nothing about the differences' distribution.
+def median_interval(values: list[float], *, confidence: float = 0.90) -> tuple[float, float]:
+    """An interval that holds the median of the distribution ``values`` were drawn from
+    with at least ``confidence``, assuming nothing about that distribution.
 
-    The sign test inverted: of the ``n`` sorted paired differences ``d(1) <= ... <=
-    d(n)``, the interval is ``[d(k), d(n + 1 - k)]`` with the largest ``k`` such that
-    ``P(Binomial(n, 1/2) <= k - 1) <= (1 - confidence) / 2``. For 25 rounds at 90%
-    that is ``[d(8), d(18)]`` (coverage 95.7%); for 7 rounds, ``[d(1), d(7)]``.
-    With too few rounds for the confidence asked, the interval is unbounded.
+    Of the ``n`` sorted values ``v(1) <= ... <= v(n)``, the interval is ``[v(k), v(n + 1
+    - k)]`` with the largest ``k`` such that ``P(Binomial(n, 1/2) <= k - 1) <= (1 -
+    confidence) / 2`` (each value falls below the median with chance 1/2). For 25 values
+    at 90% that is ``[v(8), v(18)]`` (coverage 95.7%); for 8, ``[v(2), v(7)]``; for 7,
+    ``[v(1), v(7)]``. With too few values for the confidence asked, it is unbounded.
     """
-    diffs = sorted(c - b for c, b in zip(case, baseline, strict=True))
-    n = len(diffs)
+    ordered = sorted(values)
+    n = len(ordered)
     alpha = (1 - confidence) / 2
-    k = 0  # P(X <= k) is the chance that k or fewer differences fall below the median
+    k = 0  # P(X <= k) is the chance that k or fewer values fall below the median
     while k < n // 2 and sum(math.comb(n, i) for i in range(k + 1)) / 2**n <= alpha:
         k += 1
     if k == 0:
         return -math.inf, math.inf
-    return diffs[k - 1], diffs[n - k]
+    return ordered[k - 1], ordered[n - k]
+
+
+def median_difference_interval(
+    case: list[float], baseline: list[float], *, confidence: float = 0.90
+) -> tuple[float, float]:
+    """Paired rounds: :func:`median_interval` of the differences ``case - baseline`` (the
+    sign test inverted)."""
+    return median_interval(
+        [c - b for c, b in zip(case, baseline, strict=True)], confidence=confidence
+    )
 
 
 @dataclass
@@ -253,7 +261,11 @@ class Report:
             for row in section.rows:
                 name = f"**{row.name}**" if row.ours else row.name
                 overhead = "" if row.overhead_us is None else f"{row.overhead_us:+.2f}"
-                met = "" if row.met is None else ("yes" if row.met else "**no**")
+                met = (
+                    ("no verdict" if row.target else "")
+                    if row.met is None
+                    else ("yes" if row.met else "**no**")
+                )
                 out.append(
                     f"| {name} | {row.per_call_us:.2f} | {overhead} | {row.target} | {met} "
                     f"| {row.note} |"

@@ -8,7 +8,14 @@ import random
 from hypothesis import given
 from hypothesis import strategies as st
 
-from benchmarks._harness import _rotated, median_difference_interval, sign_test
+from benchmarks._harness import (
+    Report,
+    _rotated,
+    median_difference_interval,
+    median_interval,
+    sign_test,
+)
+from benchmarks.bench_asgi import ratio_verdict
 
 
 def test_interval_is_the_sign_test_order_statistics() -> None:
@@ -64,3 +71,39 @@ def test_rotation_runs_every_case_once_per_round(index: int, size: int) -> None:
     order = _rotated(cases, index)
     assert sorted(order) == sorted(cases.items())
     assert order[0][1] == index % size
+
+
+def test_median_interval_of_eight_rounds_drops_one_value_at_each_end() -> None:
+    """8 rounds at 90%: the 2nd and 7th smallest (coverage 93%), whatever their order."""
+    rounds = [0.899, 0.831, 0.931, 0.871, 0.886, 0.851, 0.894, 0.899]
+    assert median_interval(rounds) == (0.851, 0.899)
+    assert median_interval(rounds) == median_difference_interval(rounds, [0.0] * 8)
+
+
+def test_ratio_verdict_needs_the_whole_interval_on_one_side() -> None:
+    """Met above, missed below, no verdict when the interval straddles the target."""
+    assert ratio_verdict([0.93, 0.91, 0.95, 0.92, 0.94, 0.90, 0.96, 0.93], 0.9) is True
+    # A run measured here: median 0.89, interval 0.851-0.899, so the target is missed.
+    assert ratio_verdict([0.899, 0.831, 0.931, 0.871, 0.886, 0.851, 0.894, 0.899], 0.9) is False
+    assert ratio_verdict([0.88, 0.95, 0.91, 0.87, 0.93, 0.89, 0.92, 0.90], 0.9) is None
+
+
+def test_too_few_rounds_never_give_a_verdict() -> None:
+    """Four rounds (the quick run) cannot bound the median at 90%, however clear they look."""
+    assert ratio_verdict([0.99, 0.98, 0.99, 0.97], 0.9) is None
+    assert ratio_verdict([0.5, 0.4, 0.5, 0.6], 0.9) is None
+
+
+def test_rows_without_a_verdict_say_so() -> None:
+    """A row with a target and no verdict renders "no verdict", not an empty cell."""
+    report = Report(quick=True)
+    section = report.section("t", "b")
+    section.add("undecided", 1e-6, target_text=">= 0.9x bare", met=None)
+    section.add("missed", 1e-6, target_text=">= 0.9x bare", met=False)
+    section.add("untargeted", 1e-6)
+    lines = report.render("# r").splitlines()
+    assert any(line.startswith("| **undecided** ") and "| no verdict |" in line for line in lines)
+    assert any(line.startswith("| **missed** ") and "| **no** |" in line for line in lines)
+    untargeted = next(line for line in lines if line.startswith("| **untargeted** "))
+    assert "verdict" not in untargeted
+    assert "yes" not in untargeted
