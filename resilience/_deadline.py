@@ -8,6 +8,7 @@ shrink: entering a longer one inside a shorter one keeps the shorter one.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -54,7 +55,8 @@ def current_deadline() -> Deadline | None:
         with rs.deadline(2.0):
             assert rs.current_deadline() is not None
     """
-    return _DEADLINE.get()
+    current = _DEADLINE.get()
+    return None if current is None or current.at == math.inf else current
 
 
 def time_remaining() -> float | None:
@@ -66,7 +68,9 @@ def time_remaining() -> float | None:
             left = rs.time_remaining()   # about 2.0
     """
     current = _DEADLINE.get()
-    return None if current is None else current.remaining()
+    if current is None or current.at == math.inf:
+        return None
+    return current.remaining()
 
 
 def clamp(seconds: float) -> float:
@@ -84,6 +88,14 @@ def push(seconds: float, clock: Clock) -> tuple[Deadline, object]:
     if current is not None and current.remaining() <= seconds:
         new = current
     return new, _DEADLINE.set(new)
+
+
+def lift(entered: Deadline) -> None:
+    """End ``entered`` early, in every context that holds it: from now on it is as if
+    there were no deadline (``TimeoutMiddleware`` once the response is complete, so
+    work after it, such as background tasks, is not cut; tasks the request started
+    hold the same object in their copies of the context)."""
+    entered.at = math.inf
 
 
 def pop(token: object) -> None:

@@ -75,8 +75,38 @@ def header_priority(
     return priority
 
 
+#: The rank of a request without a priority: the bulkhead's default serves it.
+_URGENT = 0
+
+
+class _Waiter:
+    """A request waiting in a bounded queue (see ``_acquire_queued``)."""
+
+    __slots__ = ("evicted", "rank", "scope", "seq")
+
+    def __init__(self, rank: int, seq: int) -> None:
+        self.rank = rank
+        self.seq = seq
+        self.evicted = False
+        self.scope = anyio.CancelScope()
+
+    def order(self) -> tuple[int, int]:
+        """Least urgent last, newest last among equals: ``max()`` picks the one to shed."""
+        return self.rank, self.seq
+
+
 class _Plan:
-    __slots__ = ("acquire", "key", "max_wait", "policy", "priority", "priority_fn")
+    __slots__ = (
+        "acquire",
+        "arrivals",
+        "key",
+        "max_queue",
+        "max_wait",
+        "policy",
+        "priority",
+        "priority_fn",
+        "waiting",
+    )
 
     def __init__(
         self,
@@ -84,6 +114,7 @@ class _Plan:
         key: KeyFunction | None,
         priority: int | Callable[[Scope], int] | None,
         max_wait: float | None,
+        max_queue: int | None,
     ) -> None:
         if not callable(getattr(bulkhead, "acquire_async", None)):
             raise ConfigurationError(
@@ -99,6 +130,10 @@ class _Plan:
             self.priority_fn = None
             self.priority = check_int("priority", priority, minimum=-(2**31), allow_none=True)
         self.max_wait: float | None = check_number("max_wait", max_wait, allow_none=True)
+        self.max_queue: int | None = check_int("max_queue", max_queue, allow_none=True)
+        #: Requests of this plan now waiting for a slot, per key (absent: none).
+        self.waiting: dict[str | None, list[_Waiter]] = {}
+        self.arrivals = 0
 
 
 class ConcurrencyLimitMiddleware(Observed):
@@ -109,7 +144,11 @@ class ConcurrencyLimitMiddleware(Observed):
     bulkhead's queue for at most ``max_wait`` (default: the bulkhead's), served by
     ``priority`` (lower first: ``0`` interactive before ``10`` batch; an int, a
     ``scope -> int`` such as :func:`header_priority`, or per-route via ``rules``), and
-    FIFO within a priority. A request that does not get in is refused with ``503``,
+    FIFO within a priority. The queue is bounded in time by ``max_wait`` and, with
+    ``max_queue``, in length (per key): when that many wait, a newcomer more urgent
+    than the least urgent waiter takes its place (the newest of the least urgent
+    class is refused), any other newcomer gets a free slot or is refused at once.
+    A request that does not get in is refused with ``503``,
     ``Retry-After`` and an ``application/problem+json`` body of type
     ``temporary-reduced-capacity``. ``key`` makes the cap per key (per client,
     per tenant); keys are hashed first. Websocket and lifespan scopes pass through
@@ -151,6 +190,7 @@ class ConcurrencyLimitMiddleware(Observed):
         key: KeyFunction | None = None,
         priority: int | Callable[[Scope], int] | None = None,
         max_wait: float | None = None,
+        max_queue: int | None = None,
         retry_after: float = 1.0,
         exempt: Sequence[str | Pattern[str]] = (),
         exempt_when: Callable[[Scope], bool] | None = None,
@@ -169,7 +209,7 @@ class ConcurrencyLimitMiddleware(Observed):
             exempt = [exempt]
         self._exempt_path = path_predicate(list(exempt))
         self._exempt_when = check_callable("exempt_when", exempt_when)
-        self._default = _Plan(bulkhead, key, priority, max_wait)
+        self._default = _Plan(bulkhead, key, priority, max_wait, max_queue)
         matcher = Matcher(rules, allowed=_ALLOWED, owner="ConcurrencyLimitMiddleware")
         plans: list[_Plan | None] = []
         for rule in matcher.rules:
@@ -182,6 +222,7 @@ class ConcurrencyLimitMiddleware(Observed):
                     key if rule.key is UNSET else rule.key,
                     priority if rule.priority is UNSET else rule.priority,
                     max_wait if rule.max_wait is UNSET else rule.max_wait,
+                    max_queue,
                 )
             )
         self._plans = plans
@@ -234,10 +275,13 @@ class ConcurrencyLimitMiddleware(Observed):
         observed = bool(GLOBAL_LISTENERS or self._listeners)
         started = self._clock.monotonic() if observed else 0.0
         try:
-            if plan.max_wait is None:
-                permit = await plan.acquire(key, priority=priority)
+            if plan.max_queue is None:
+                if plan.max_wait is None:
+                    permit = await plan.acquire(key, priority=priority)
+                else:
+                    permit = await plan.acquire(key, priority=priority, max_wait=plan.max_wait)
             else:
-                permit = await plan.acquire(key, priority=priority, max_wait=plan.max_wait)
+                permit = await self._acquire_queued(plan, key, priority)
         except (BulkheadFull, BackendError) as exc:
             self.shed += 1
             hint = getattr(exc, "retry_after", None)
@@ -277,6 +321,45 @@ class ConcurrencyLimitMiddleware(Observed):
                     outcome=outcome,
                 )
             )
+
+    @staticmethod
+    async def _acquire_queued(plan: _Plan, key: str | None, priority: int | None) -> Any:
+        """Acquire as one of at most ``plan.max_queue`` waiters of ``key``.
+
+        With the queue full, a newcomer more urgent than the least urgent waiter takes
+        that waiter's place (the newest of the least urgent class is refused, so
+        interactive requests are not shed while batch ones wait); otherwise it takes
+        a free slot or is refused at once. Raises :class:`BulkheadFull` when refused.
+        """
+        queue = plan.waiting.get(key)
+        if queue is None:
+            queue = plan.waiting[key] = []
+        rank = _URGENT if priority is None else priority
+        if len(queue) >= plan.max_queue:  # type: ignore[operator]
+            victim = max(queue, key=_Waiter.order, default=None)
+            if victim is None or victim.rank <= rank:
+                if not queue:
+                    del plan.waiting[key]
+                return await plan.acquire(key, priority=priority, max_wait=0.0)
+            queue.remove(victim)
+            victim.evicted = True
+            victim.scope.cancel()
+        plan.arrivals += 1
+        waiter = _Waiter(rank, plan.arrivals)
+        queue.append(waiter)
+        try:
+            with waiter.scope:
+                if plan.max_wait is None:
+                    return await plan.acquire(key, priority=priority)
+                return await plan.acquire(key, priority=priority, max_wait=plan.max_wait)
+        finally:
+            if not waiter.evicted:
+                queue.remove(waiter)
+            if not queue and plan.waiting.get(key) is queue:
+                del plan.waiting[key]
+        # Only our own scope's cancellation ends the block without a permit: a more
+        # urgent newcomer displaced this request.
+        raise BulkheadFull("displaced from the full queue by a more urgent request")
 
 
 def _release(permit: Any) -> None:

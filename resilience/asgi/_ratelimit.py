@@ -87,6 +87,12 @@ class _Plan:
         else:
             self.cost_fn = None
             self.cost = check_int("cost", cost, minimum=0)
+            burst = getattr(limiter, "burst", None)
+            if isinstance(burst, int | float) and self.cost > burst:
+                raise ConfigurationError(
+                    f"cost {self.cost} exceeds the burst {burst:g} of {limiter!r}: "
+                    "no request could ever be admitted"
+                )
         self.name = name
         self.headers = RateLimitHeaders(name, limiter, headers)
         # The leanest path: an in-memory token bucket taking one token. The buckets'

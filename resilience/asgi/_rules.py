@@ -34,6 +34,9 @@ class _Unset(enum.Enum):
 #: Marks a :class:`Rule` option as "not overridden" (distinct from ``None``).
 UNSET: Final = _Unset.UNSET
 
+#: The ASGI scope types a rule can name.
+SCOPE_TYPES: Final = frozenset({"http", "websocket"})
+
 _PARAM = re.compile(r"\{([a-zA-Z_][a-zA-Z0-9_]*)(?::([a-zA-Z_]+))?\}")
 _CONVERTORS = {
     "str": "[^/]+",
@@ -120,6 +123,27 @@ class Rule:
     priority: int | Callable[[Scope], int] | _Unset = UNSET
     max_wait: float | _Unset | None = UNSET
     seconds: float | _Unset | None = UNSET
+
+    def __post_init__(self) -> None:
+        compile_pattern(self.path)  # refuses an empty or malformed pattern now
+        if self.methods is not None:
+            # A lone string is one method: methods="POST" must not mean {"P", "O", "S", "T"}.
+            methods = (self.methods,) if isinstance(self.methods, str) else tuple(self.methods)
+            if not methods or not all(isinstance(m, str) and m.strip() for m in methods):
+                raise ConfigurationError(
+                    f"Rule methods must be HTTP method names, got {self.methods!r}"
+                )
+            object.__setattr__(self, "methods", methods)
+        scopes = (self.scopes,) if isinstance(self.scopes, str) else tuple(self.scopes)
+        unknown = [kind for kind in scopes if kind not in SCOPE_TYPES]
+        if not scopes or unknown:
+            raise ConfigurationError(
+                f"Rule scopes must name ASGI scope types among {sorted(SCOPE_TYPES)}, "
+                f"got {self.scopes!r} (lifespan is never limited)"
+            )
+        object.__setattr__(self, "scopes", scopes)
+        if not isinstance(self.exempt, bool):
+            raise ConfigurationError(f"Rule exempt must be True or False, got {self.exempt!r}")
 
     def options(self) -> dict[str, Any]:
         """The options this rule sets (those not left :data:`UNSET`)."""

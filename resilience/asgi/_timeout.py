@@ -12,6 +12,7 @@ from .. import _deadline
 from .._clock import SYSTEM_CLOCK, Clock
 from .._events import Listener, TimedOut
 from .._validate import check_number
+from ..errors import ConfigurationError
 from ._base import Observed
 from ._problem import Problem
 from ._rules import UNSET, Matcher, Rule
@@ -58,14 +59,20 @@ class TimeoutMiddleware(Observed):
         name: str = "TimeoutMiddleware",
     ) -> None:
         self.app = app
-        self.seconds: float | None = check_number("seconds", seconds, allow_none=True)
+        self.seconds: float | None = check_number("seconds", seconds, strict=True, allow_none=True)
         self._clock: Clock = SYSTEM_CLOCK if clock is None else clock
         # A clock with timers (FakeClock) cuts at virtual time; otherwise anyio's clock.
         self._timers = clock is not None and hasattr(clock, "call_at")
         matcher = Matcher(rules, allowed=_ALLOWED, owner="TimeoutMiddleware")
         for rule in matcher.rules:
             if rule.seconds is not UNSET:
-                check_number("Rule.seconds", rule.seconds, allow_none=True)
+                check_number("Rule.seconds", rule.seconds, strict=True, allow_none=True)
+            if any(kind != "http" for kind in rule.scopes):
+                raise ConfigurationError(
+                    f"TimeoutMiddleware times HTTP requests only; {rule!r} names "
+                    f"{[kind for kind in rule.scopes if kind != 'http']} (websocket sessions "
+                    "are long-lived by design and pass through)"
+                )
         self._match = matcher if matcher.rules else None
         self.name = name
         self._listeners: list[Listener] = []
@@ -99,7 +106,10 @@ class TimeoutMiddleware(Observed):
     ) -> None:
         started = False
         ended = False
+        outer = _deadline.current_deadline()
         entered, token = _deadline.push(seconds, self._clock)
+        # Ours to lift when the response completes, unless a sooner outer one stays.
+        own = entered is not outer
         budget = entered.remaining()
         timer: Any = None
         if self._timers:
@@ -116,6 +126,8 @@ class TimeoutMiddleware(Observed):
             elif kind == "http.response.body" and not message.get("more_body", False):
                 ended = True
                 # The response is complete: lift the deadline for what runs after it.
+                if own:
+                    _deadline.lift(entered)
                 if timer is not None:
                     timer.cancel()
                 else:

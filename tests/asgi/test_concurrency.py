@@ -93,6 +93,70 @@ async def test_queued_requests_are_served_by_priority() -> None:
     assert gate.entered == ["/hold", "/ui", "/reports/a", "/batch"]
 
 
+async def record(app: Any, scope: dict[str, Any], results: dict[str, int]) -> None:
+    results[scope["path"]] = (await call(app, scope)).status
+
+
+async def test_a_full_queue_refuses_newcomers_at_once() -> None:
+    """``max_queue=2``: two requests wait, the third is refused at once (503) although
+    ``max_wait`` would let it wait; the two queued ones are served in order."""
+    gate = Gate()
+    bulkhead = Bulkhead(1, max_wait=60, clock=FakeClock())
+    app = ConcurrencyLimitMiddleware(gate, bulkhead=bulkhead, max_queue=2)
+    results: dict[str, int] = {}
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(record, app, http_scope("/hold"), results)
+        await wait_for(lambda: gate.entered)
+        tg.start_soon(record, app, http_scope("/a"), results)
+        tg.start_soon(record, app, http_scope("/b"), results)
+        await wait_for(lambda: bulkhead.statistics().waiting == 2)
+        with anyio.fail_after(5):
+            assert (await call(app, http_scope("/c"))).status == 503
+        gate.release.set()
+    assert gate.entered == ["/hold", "/a", "/b"]
+    assert results == {"/hold": 200, "/a": 200, "/b": 200}
+    assert app.statistics() == {"shed": 1}
+    # The queue emptied: two may wait again.
+    assert (await call(app, http_scope("/d"))).status == 200
+
+
+async def test_an_urgent_newcomer_displaces_the_newest_least_urgent_waiter() -> None:
+    """Queue full of batch (10) requests: an interactive (0) one takes the place of the
+    newest batch request, which is refused; an equally urgent newcomer is refused."""
+    gate = Gate()
+    bulkhead = Bulkhead(1, max_wait=60, clock=FakeClock())
+    app = ConcurrencyLimitMiddleware(
+        gate, bulkhead=bulkhead, priority=header_priority("x-priority"), max_queue=2
+    )
+    batch = [("x-priority", "batch")]
+    results: dict[str, int] = {}
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(record, app, http_scope("/hold"), results)
+        await wait_for(lambda: gate.entered)
+        tg.start_soon(record, app, http_scope("/batch-old", headers=batch), results)
+        await wait_for(lambda: bulkhead.statistics().waiting == 1)
+        tg.start_soon(record, app, http_scope("/batch-new", headers=batch), results)
+        await wait_for(lambda: bulkhead.statistics().waiting == 2)
+        with anyio.fail_after(5):
+            assert (await call(app, http_scope("/batch-late", headers=batch))).status == 503
+        tg.start_soon(
+            record, app, http_scope("/ui", headers=[("x-priority", "interactive")]), results
+        )
+        await wait_for(lambda: results.get("/batch-new") == 503)
+        assert bulkhead.statistics().waiting == 2
+        gate.release.set()
+    assert gate.entered == ["/hold", "/ui", "/batch-old"]
+    assert results == {"/hold": 200, "/batch-old": 200, "/batch-new": 503, "/ui": 200}
+    assert bulkhead.statistics().in_flight == 0
+
+
+async def test_max_queue_must_be_a_non_negative_int() -> None:
+    """A bad ``max_queue`` is refused at construction."""
+    for bad in (-1, 1.5, "auto"):
+        with pytest.raises(ConfigurationError, match="max_queue"):
+            ConcurrencyLimitMiddleware(ok_app, bulkhead=Bulkhead(1), max_queue=bad)
+
+
 async def test_permit_is_held_while_streaming_and_returned_on_errors() -> None:
     """The slot is held until the app returns, and returned when it raises or is cancelled."""
     bulkhead = Bulkhead(1, clock=FakeClock())

@@ -192,6 +192,34 @@ def test_matcher_rejects_options_the_middleware_does_not_read() -> None:
         Matcher(["/x"], allowed={"seconds"}, owner="TimeoutMiddleware")  # type: ignore[list-item]
 
 
+def test_a_lone_method_string_is_one_method() -> None:
+    """``methods="POST"`` means POST, not the letters P, O, S and T."""
+    rule = Rule("/login", methods="post", cost=2)
+    assert rule.methods == ("post",)
+    matcher = Matcher([rule], allowed={"cost"}, owner="Test")
+    assert matcher.match(http_scope("/login", method="POST")) == (0, rule)
+    assert matcher.match(http_scope("/login")) is None
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        ({"path": ""}, "path pattern"),
+        ({"path": "/x", "methods": []}, "methods"),
+        ({"path": "/x", "methods": ["GET", 7]}, "methods"),
+        ({"path": "/x", "scopes": ("websockets",)}, "scopes"),
+        ({"path": "/x", "scopes": ("lifespan",)}, "scopes"),
+        ({"path": "/x", "scopes": ()}, "scopes"),
+        ({"path": "/x", "exempt": "yes"}, "exempt"),
+        ({"path": "/x/{y:nope}"}, "convertor"),
+    ],
+)
+def test_rules_that_could_never_match_are_refused(options: dict[str, Any], named: str) -> None:
+    """Typos in a rule fail when it is built, not by silently never matching."""
+    with pytest.raises(ConfigurationError, match=named):
+        Rule(**options)
+
+
 def test_exempt_predicate() -> None:
     """Exact paths use a set lookup, patterns a regex."""
     assert path_predicate([]) is None

@@ -229,6 +229,11 @@ async def test_configuration_errors() -> None:
         RateLimitMiddleware(ok_app, limiter=RateLimiter("1/s"), headers="draft")
     with pytest.raises(ConfigurationError, match="limiter"):
         RateLimitMiddleware(ok_app, limiter=object())
+    # A cost above the burst could never be admitted: every request would fail.
+    with pytest.raises(ConfigurationError, match="exceeds the burst"):
+        RateLimitMiddleware(ok_app, limiter=RateLimiter("5/s"), cost=10)
+    with pytest.raises(ConfigurationError, match="exceeds the burst"):
+        RateLimitMiddleware(ok_app, limiter=RateLimiter("5/s"), rules=[Rule("/x", cost=6)])
 
 
 async def test_only_rules_limit_when_there_is_no_default_limiter() -> None:

@@ -150,6 +150,70 @@ async def test_deadline_is_lifted_once_the_response_is_complete() -> None:
     assert after == ["background done"]
 
 
+async def test_work_after_the_response_sees_no_deadline() -> None:
+    """After the last body chunk, ``rs.time_remaining()`` is None again, so a
+    background task's own ``rs.Timeout`` is not cut by the spent request deadline."""
+    clock = FakeClock()
+    seen: list[float | None] = []
+
+    async def with_background(scope: Any, receive: Any, send: Any) -> None:
+        seen.append(rs.time_remaining())
+        await ok_app(scope, receive, send)
+        clock.advance(5)  # the background task runs past the request's 1 s
+        seen.append(rs.time_remaining())
+        seen.append(await rs.Timeout(1, clock=clock).call_async(anyio.sleep, 0))
+
+    middleware = TimeoutMiddleware(with_background, seconds=1, clock=clock)
+    result = await call(middleware, http_scope())
+    assert result.status == 200
+    assert seen == [1.0, None, None]
+
+
+async def test_deadline_is_lifted_for_the_request_task_when_a_child_task_ends_it() -> None:
+    """A streaming response whose last chunk is sent from a child task (Starlette's
+    StreamingResponse does so) lifts the deadline for the request's own task too."""
+    clock = FakeClock()
+    seen: list[float | None] = []
+
+    async def streaming(scope: Any, receive: Any, send: Any) -> None:
+        async def stream() -> None:
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b"done", "more_body": False})
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(stream)
+        seen.append(rs.time_remaining())
+
+    await call(TimeoutMiddleware(streaming, seconds=1, clock=clock), http_scope())
+    assert seen == [None]
+
+
+async def test_a_sooner_outer_deadline_is_not_lifted() -> None:
+    """Only the middleware's own deadline is lifted: an outer, sooner one stays."""
+    clock = FakeClock()
+    seen: list[float | None] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await ok_app(scope, receive, send)
+        seen.append(rs.time_remaining())
+
+    with rs.deadline(0.5, clock=clock):
+        await call(TimeoutMiddleware(app, seconds=1, clock=clock), http_scope())
+        assert rs.time_remaining() == 0.5
+    assert seen == [0.5]
+
+
+async def test_bad_timeouts_are_refused_at_construction() -> None:
+    """Zero or negative seconds (every request a 504) and websocket rules are refused."""
+    for bad in (0, -1, float("nan")):
+        with pytest.raises(ConfigurationError, match="seconds"):
+            TimeoutMiddleware(ok_app, seconds=bad)
+        with pytest.raises(ConfigurationError, match="seconds"):
+            TimeoutMiddleware(ok_app, seconds=1, rules=[Rule("/x", seconds=bad)])
+    with pytest.raises(ConfigurationError, match="HTTP requests only"):
+        TimeoutMiddleware(ok_app, seconds=1, rules=[Rule("/ws", scopes=("websocket",))])
+
+
 async def test_ambient_deadline_is_set_for_inner_policies() -> None:
     """Inside the app, ``rs.time_remaining()`` is the request's remaining time."""
     clock = FakeClock(100.0)
