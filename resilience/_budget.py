@@ -7,7 +7,7 @@ import threading
 from dataclasses import dataclass
 
 from ._clock import SYSTEM_CLOCK, Clock
-from ._validate import check_number
+from ._validate import check_clock, check_number
 
 __all__ = ["RetryBudget", "RetryBudgetStatistics"]
 
@@ -65,7 +65,7 @@ class RetryBudget:
         self.ratio = check_number("ratio", ratio)
         self.min_per_second = check_number("min_per_second", min_per_second)
         self.window = check_number("window", window, minimum=1.0)
-        self._clock = clock
+        self._clock = check_clock("clock", clock)
         # bucket index (whole seconds) -> [calls, retries]
         self._buckets: dict[int, list[int]] = {}
         self._lock = threading.Lock()

@@ -14,6 +14,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from ._repeats import Repeats
 
@@ -244,6 +245,11 @@ class Observable:
 
     def __init__(self, name: str | None = None) -> None:
         # Subclasses provide the storage (their own __slots__ or a __dict__).
+        given: Any = name  # typed str | None, but callers are not all type-checked
+        if given is not None and not isinstance(given, str):
+            from .errors import ConfigurationError
+
+            raise ConfigurationError(f"name must be a str (or None), got {name!r}")
         self.name = name if name is not None else type(self).__name__  # type: ignore[misc]
         self._listeners = []  # type: ignore[misc]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -19,18 +20,31 @@ def exception_filter(
     name: str, on: Any
 ) -> tuple[tuple[type[BaseException], ...] | None, Callable[[BaseException], bool] | None]:
     """Split ``on`` into ``(types, predicate)``: exactly one of them is not ``None``."""
-    if isinstance(on, type) and issubclass(on, BaseException):
-        return (on,), None
-    if isinstance(on, tuple):
+    if isinstance(on, type):
+        if issubclass(on, BaseException):
+            return (on,), None
+        raise ConfigurationError(
+            f"{name} must be exception types or a predicate, got the class {on!r}, "
+            "which is not an exception"
+        )
+    if isinstance(on, tuple | list | set | frozenset):
         if not on:
-            raise ConfigurationError(f"{name} must name at least one exception type, got ()")
+            raise ConfigurationError(f"{name} must name at least one exception type, got {on!r}")
         for item in on:
             if not (isinstance(item, type) and issubclass(item, BaseException)):
                 raise ConfigurationError(
-                    f"{name} must be exception types or a predicate, got {item!r} in the tuple"
+                    f"{name} must be exception types or a predicate, got {item!r} in {on!r}"
                 )
-        return on, None
+        return tuple(on), None
     if callable(on):
+        try:
+            inspect.signature(on).bind(BaseException())
+        except TypeError:
+            raise ConfigurationError(
+                f"{name}: a predicate must take the exception as its one argument, got {on!r}"
+            ) from None
+        except ValueError:  # no signature to check (some builtins): trust it
+            pass
         return None, on
     raise ConfigurationError(
         f"{name} must be an exception type, a tuple of them, or a predicate, got {on!r}"

@@ -13,7 +13,7 @@ from ._clock import SYSTEM_CLOCK, Clock
 from ._events import RetriesExhausted, RetryBudgetExhausted, RetryScheduled
 from ._matching import ExceptionMatcher
 from ._policy import PolicyBase
-from ._validate import check_callable, check_int, check_number
+from ._validate import check_callable, check_clock, check_int, check_number
 from .backoff import full_jitter
 from .errors import ConfigurationError, Rejected
 from .testing._no_wait import NO_WAIT
@@ -108,7 +108,7 @@ class Retry(PolicyBase):
             raise ConfigurationError(f"budget must be a RetryBudget, got {budget!r}")
         self.budget = budget
         self.respect_retry_after = bool(respect_retry_after)
-        self._clock = clock
+        self._clock = check_clock("clock", clock)
         self._retries = self._recovered = self._exhausted = self._budget_refusals = 0
 
     @property

@@ -97,7 +97,7 @@ class Timeout(PolicyBase, ResilienceError, TimeoutError):
     ) -> None:
         PolicyBase.__init__(self, name=name)
         self.seconds: float = _validate.check_number("seconds", seconds, strict=True)
-        self._clock = clock
+        self._clock = _validate.check_clock("clock", clock)
         self._timed_out = 0
         self._fake_timers = hasattr(clock, "call_at") and clock is not SYSTEM_CLOCK
         ResilienceError.__init__(self, f"timed out after {self.seconds:g}s")

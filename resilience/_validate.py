@@ -8,14 +8,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from ._clock import Clock
 
 T = TypeVar("T")
 
 __all__ = [
     "check_choice",
+    "check_clock",
     "check_int",
     "check_number",
     "check_probability",
@@ -79,4 +83,20 @@ def check_callable(name: str, value: Any, *, allow_none: bool = True) -> Callabl
         return None
     if not callable(value):
         raise ConfigurationError(f"{name} must be callable, got {value!r}")
+    return value  # type: ignore[no-any-return]
+
+
+def check_clock(name: str, value: Any) -> Clock:
+    """Return ``value`` if it can serve as a :class:`~resilience.Clock` (``None``: the
+    system clock). Only ``monotonic()`` is required here; a policy that sleeps calls
+    ``sleep()`` or ``sleep_async()`` too."""
+    if value is None:
+        from ._clock import SYSTEM_CLOCK
+
+        return SYSTEM_CLOCK
+    if not callable(getattr(value, "monotonic", None)):
+        raise ConfigurationError(
+            f"{name} must be a resilience Clock (with monotonic(), sleep() and "
+            f"sleep_async(), e.g. rs.testing.FakeClock()), got {value!r}"
+        )
     return value  # type: ignore[no-any-return]

@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 from .._clock import SYSTEM_CLOCK, Clock
 from .._deferred import armed
 from .._policy import PolicyBase
-from .._validate import check_int, check_number, check_probability
+from .._validate import check_clock, check_int, check_number, check_probability
 from ..errors import ConfigurationError, InjectedFault
 from ._core import FaultCore, Plan, new_seed
 from ._shell import (
@@ -164,12 +164,12 @@ class Faults(PolicyBase):
         self.seed: int = check_int("seed", seed, minimum=-(2**63))
         #: The faults this policy injects, in the order they are tried.
         self.faults: tuple[Fault, ...] = tuple(specs)
-        self._clock = clock
+        self._clock = check_clock("clock", clock)
         self._switch = switch_for(enabled)
         self._core = FaultCore(
             [(spec, None) for spec in specs],
             seed=self.seed,
-            epoch=clock.monotonic(),
+            epoch=self._clock.monotonic(),
             key=key,
             schedule=normalize_schedule("schedule", schedule),
             when=when,

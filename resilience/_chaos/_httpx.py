@@ -6,7 +6,7 @@ import fnmatch
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 
 from .._clock import SYSTEM_CLOCK, Clock
-from .._validate import check_int
+from .._validate import check_clock, check_int
 from ..errors import ConfigurationError
 
 try:
@@ -167,9 +167,9 @@ class FaultyTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observable)
         self._async_inner: httpx.AsyncBaseTransport | None = (
             inner if isinstance(inner, httpx.AsyncBaseTransport) else None
         )
-        self._clock = clock
+        self._clock = check_clock("clock", clock)
         self._switch = switch_for(enabled)
-        self._core = FaultCore(specs, seed=self.seed, epoch=clock.monotonic())
+        self._core = FaultCore(specs, seed=self.seed, epoch=self._clock.monotonic())
 
     # -- plumbing -----------------------------------------------------------------------
 

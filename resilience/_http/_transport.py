@@ -28,7 +28,7 @@ from .._events import (
     RetriesExhausted,
     RetryScheduled,
 )
-from .._validate import check_callable, check_int, check_number
+from .._validate import check_callable, check_clock, check_int, check_number
 from ..backoff import full_jitter
 from ..breaker import CircuitBreaker
 from ..bulkhead import Bulkhead
@@ -178,7 +178,7 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observab
             raise ConfigurationError(f"inner must be an httpx transport, got {inner!r}")
         self.name: str = name if name is not None else "ResilientTransport"
         self._listeners: list[Listener] = []
-        self._clock: Clock = SYSTEM_CLOCK if clock is None else clock
+        self._clock: Clock = check_clock("clock", clock)
         self._now = self._clock.monotonic
         self._inner = inner
         self._sync_inner = inner if isinstance(inner, httpx.BaseTransport) else None

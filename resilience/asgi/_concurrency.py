@@ -9,9 +9,9 @@ from typing import Any
 
 import anyio
 
-from .._clock import SYSTEM_CLOCK, Clock
+from .._clock import Clock
 from .._events import GLOBAL_LISTENERS, Listener
-from .._validate import check_callable, check_int, check_number
+from .._validate import check_callable, check_clock, check_int, check_number
 from ..errors import BackendError, BulkheadFull, ConfigurationError, ResilienceError
 from ._base import Observed
 from ._events import RequestAdmitted, RequestCompleted
@@ -200,7 +200,7 @@ class ConcurrencyLimitMiddleware(Observed):
         name: str = "ConcurrencyLimitMiddleware",
     ) -> None:
         self.app = app
-        self._clock: Clock = SYSTEM_CLOCK if clock is None else clock
+        self._clock: Clock = check_clock("clock", clock)
         self.name = name
         self._listeners: list[Listener] = []
         self._hash = bool(hash_keys)

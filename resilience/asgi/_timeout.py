@@ -9,9 +9,9 @@ from typing import Any
 import anyio
 
 from .. import _deadline
-from .._clock import SYSTEM_CLOCK, Clock
+from .._clock import Clock
 from .._events import Listener, TimedOut
-from .._validate import check_number
+from .._validate import check_clock, check_number
 from ..errors import ConfigurationError
 from ._base import Observed
 from ._problem import Problem
@@ -60,7 +60,7 @@ class TimeoutMiddleware(Observed):
     ) -> None:
         self.app = app
         self.seconds: float | None = check_number("seconds", seconds, strict=True, allow_none=True)
-        self._clock: Clock = SYSTEM_CLOCK if clock is None else clock
+        self._clock: Clock = check_clock("clock", clock)
         # A clock with timers (FakeClock) cuts at virtual time; otherwise anyio's clock.
         self._timers = clock is not None and hasattr(clock, "call_at")
         matcher = Matcher(rules, allowed=_ALLOWED, owner="TimeoutMiddleware")

@@ -279,7 +279,10 @@ class RedisBackend:
         timeout = check_number("timeout", timeout, minimum=0.0, strict=True)
         backend = cls(prefix=prefix, timeout=timeout, url=url, cluster=cluster)
         backend._client_options = client_options
-        backend._sync_client = backend._make_client(asynchronous=False)
+        try:
+            backend._sync_client = backend._make_client(asynchronous=False)
+        except ValueError as exc:  # redis-py's word for a malformed URL
+            raise ConfigurationError(f"url {url!r} is not a Redis URL: {exc}") from exc
         backend._sync_lane = _SyncLane.for_client(backend._sync_client, backend.timeout)
         return backend
 

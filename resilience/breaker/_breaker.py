@@ -15,7 +15,7 @@ from .._clock import SYSTEM_CLOCK, Clock
 from .._events import CallRejected
 from .._keyed import BoundedMap
 from .._policy import PolicyBase
-from .._validate import check_callable, check_int, check_number
+from .._validate import check_callable, check_clock, check_int, check_number
 from ..errors import ConfigurationError, Rejected
 from ._config import FAILURE, IGNORE, SUCCESS, BreakerConfig, Outcome
 from ._core import BreakerCore, BreakerStatistics, Election, Ticket, _Change
@@ -252,7 +252,7 @@ class CircuitBreaker(PolicyBase):
             raise ConfigurationError(f"initial_state must be a CircuitState, got {initial_state!r}")
         check_int("quorum", quorum, minimum=1)
         check_number("sync_interval", sync_interval, minimum=0.0, strict=True)
-        self._clock: Clock = clock if clock is not None else SYSTEM_CLOCK
+        self._clock: Clock = check_clock("clock", clock)
         # The system clock's monotonic() is time.monotonic: call the C function directly.
         self._now = time.monotonic if self._clock is SYSTEM_CLOCK else self._clock.monotonic
         self._timed = self._config.timed

@@ -18,7 +18,7 @@ from .. import _deadline
 from .._clock import SYSTEM_CLOCK, Clock
 from .._events import CallRejected
 from .._policy import PolicyBase
-from .._validate import check_callable, check_choice, check_int, check_number
+from .._validate import check_callable, check_choice, check_clock, check_int, check_number
 from ..errors import BulkheadFull
 from ._permit import Permit
 from ._slots import GRANTED, Slots, Waiter
@@ -164,7 +164,7 @@ class Bulkhead(PolicyBase):
         else:
             self._priority = None
             self._default_priority = _check_priority("priority", priority)
-        self._clock: Clock = clock if clock is not None else SYSTEM_CLOCK
+        self._clock: Clock = check_clock("clock", clock)
         self._now = self._clock.monotonic
         # Clocks with timers (FakeClock) expire waiters in virtual time.
         self._timers = hasattr(self._clock, "call_at") and self._clock is not SYSTEM_CLOCK

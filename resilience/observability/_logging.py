@@ -31,7 +31,7 @@ from .._events import (
     remove_listener,
 )
 from .._repeats import Repeats
-from .._validate import check_number
+from .._validate import check_clock, check_number
 from ..asgi._events import RequestAdmitted, RequestCompleted
 from ..bulkhead._events import BulkheadLeaseLost
 
@@ -99,7 +99,7 @@ class LoggingListener:
             if repeat_interval is None
             else check_number("repeat_interval", repeat_interval, minimum=0)
         )
-        self._clock = clock
+        self._clock = check_clock("clock", clock)
         self._cache: dict[type[Event], tuple[int, bool]] = {}
         # Keyed by (policy, event type); listeners run in whatever thread emits.
         self._repeats: Repeats[tuple[str, type[Event]]] | None = (

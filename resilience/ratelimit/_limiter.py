@@ -15,11 +15,11 @@ from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
 from typing import Any, Final, ParamSpec, TypeVar, cast
 
-from .._clock import SYSTEM_CLOCK, Clock
+from .._clock import Clock
 from .._deadline import clamp
 from .._events import CallRejected
 from .._policy import PolicyBase, decorate
-from .._validate import check_callable, check_choice, check_int, check_number
+from .._validate import check_callable, check_choice, check_clock, check_int, check_number
 from ..backends._failover import MODES, Failover
 from ..backends._memory import MemoryBackend
 from ..errors import ConfigurationError, RateLimited
@@ -164,7 +164,7 @@ class RateLimiter(PolicyBase):
         self._max_wait_us = _wait_us(self.max_wait)
         self._algorithm = check_choice("algorithm", algorithm, ALGORITHMS)
         on_backend_error = check_choice("on_backend_error", on_backend_error, MODES)
-        self._clock: Clock = SYSTEM_CLOCK if clock is None else clock
+        self._clock: Clock = check_clock("clock", clock)
         if callable(key) and not isinstance(key, str | bytes):
             self._key_fn: Callable[..., Hashable] | None = check_callable("key", key)
             self._key: Hashable = None
@@ -193,6 +193,8 @@ class RateLimiter(PolicyBase):
         from ..backends._redis import RedisBackend
 
         windowed = self._algorithm != "token-bucket"
+        if local_rate is not None:  # checked whatever the backend: a typo fails here
+            as_rate(local_rate, "local_rate")
         if windowed and self.burst != self.rate.amount:
             raise ConfigurationError(
                 f"burst applies to algorithm='token-bucket' only; {self._algorithm!r} "

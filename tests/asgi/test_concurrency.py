@@ -108,6 +108,7 @@ async def test_a_full_queue_refuses_newcomers_at_once() -> None:
         tg.start_soon(record, app, http_scope("/hold"), results)
         await wait_for(lambda: gate.entered)
         tg.start_soon(record, app, http_scope("/a"), results)
+        await wait_for(lambda: bulkhead.statistics().waiting == 1)
         tg.start_soon(record, app, http_scope("/b"), results)
         await wait_for(lambda: bulkhead.statistics().waiting == 2)
         with anyio.fail_after(5):

@@ -195,3 +195,9 @@ def test_forked_children_do_not_share_connections(redis_server: RedisServer) -> 
     for child in children:
         child.join(timeout=10)
     assert sorted(seen) == list(range(2, 2 + 200))  # every increment answered exactly once
+
+
+def test_a_url_that_is_not_a_redis_url_is_a_configuration_error() -> None:
+    """``from_url`` names the bad URL in a ConfigurationError (still a ValueError)."""
+    with pytest.raises(rs.ConfigurationError, match="foo://x"):
+        RedisBackend.from_url("foo://x")

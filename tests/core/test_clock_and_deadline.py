@@ -56,3 +56,24 @@ def test_negative_deadline_is_refused() -> None:
     """rs.deadline() needs a non-negative number of seconds."""
     with pytest.raises(rs.ConfigurationError), rs.deadline(-1):
         pass
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda clock: rs.Retry(on=OSError, clock=clock),
+        lambda clock: rs.Timeout(1, clock=clock),
+        lambda clock: rs.RateLimiter("1/s", clock=clock),
+        lambda clock: rs.Bulkhead(1, clock=clock),
+        lambda clock: rs.CircuitBreaker(clock=clock),
+        lambda clock: rs.RetryBudget(clock=clock),
+        lambda clock: rs.Faults(latency=0.01, latency_rate=0.5, clock=clock),
+    ],
+)
+def test_every_policy_refuses_a_clock_that_is_not_one(build: object) -> None:
+    """A wrong ``clock=`` fails at construction, not at the first call."""
+    assert callable(build)
+    with pytest.raises(rs.ConfigurationError, match="clock must be a resilience Clock"):
+        build("x")
+    assert build(None) is not None
+    assert build(FakeClock()) is not None

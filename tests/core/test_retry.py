@@ -253,12 +253,42 @@ def test_events_report_each_retry(fake_clock: FakeClock) -> None:
         ({"on": (OSError, "x")}, "on must be exception types"),
         ({"on": OSError, "backoff": 3}, "backoff must be an iterable"),
         ({"on": OSError, "budget": object()}, "budget must be a RetryBudget"),
+        # Classes that are not exceptions: on=str once turned retries off silently.
+        ({"on": str}, "not an exception"),
+        ({"on": dict}, "not an exception"),
+        ({"on": []}, "at least one exception type"),
+        ({"on": lambda: True}, "one argument"),
+        ({"on": lambda exc, more: True}, "one argument"),
+        ({"on": OSError, "clock": object()}, "clock must be a resilience Clock"),
+        ({"on": OSError, "name": 5}, "name must be a str"),
     ],
 )
 def test_bad_arguments(kwargs: dict[str, Any], message: str) -> None:
     """Invalid configuration fails at construction with a message naming the argument."""
     with pytest.raises(rs.ConfigurationError, match=message):
         rs.Retry(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "on",
+    [[OSError, KeyError], {KeyError}, lambda exc, strict=False: True, lambda *args: True],
+)
+def test_on_accepts_a_list_of_types_and_any_one_argument_predicate(on: Any) -> None:
+    """``on=[A, B]`` means ``(A, B)``; predicates with defaults or ``*args`` are fine."""
+    failures = [KeyError("once")]
+
+    def flaky() -> str:
+        if failures:
+            raise failures.pop()
+        return "ok"
+
+    assert rs.Retry(on=on, backoff=rs.backoff.constant(0))(flaky)() == "ok"
+
+
+def test_a_clock_of_none_is_the_system_clock() -> None:
+    """``clock=None`` (what other policies default to) means the system clock."""
+    assert rs.Retry(on=OSError, clock=None)(lambda: 1)() == 1
+    assert rs.Timeout(1, clock=None)(lambda: 2)() == 2
 
 
 def test_on_is_required() -> None:

@@ -54,6 +54,9 @@ def test_burst_defaults_to_amount_and_can_be_set() -> None:
         ({"rate": "5/s", "on_backend_error": "maybe"}, "on_backend_error"),
         ({"rate": "5/s", "algorithm": "leaky"}, "algorithm"),
         ({"rate": "5/s", "backend": object()}, "backend"),
+        ({"rate": "5/s", "local_rate": "garbage"}, "garbage"),
+        ({"rate": "5/s", "clock": "x"}, "clock"),
+        ({"rate": "5/s", "name": 5}, "name"),
     ],
 )
 def test_bad_arguments_fail_at_construction(kwargs: dict[str, object], word: str) -> None:
