@@ -27,9 +27,10 @@ V = TypeVar("V")
 class BoundedMap(Generic[K, V]):
     """A thread-safe map of at most ``max_keys`` entries, dropping idle ones.
 
-    ``get(key)`` returns the entry, creating it with ``factory(key)`` if absent, and
-    marks it as used now. Expiry is lazy: every ``get`` examines the least recently
-    used entry and drops it if idle, so cleanup is O(1) per call, with no timer thread.
+    ``get(key)`` returns the entry, creating it with ``factory(key)`` if absent or idle
+    longer than ``idle_ttl``, and marks it as used now. Expiry is lazy: every ``get``
+    also examines the least recently used entry and drops it if idle, so cleanup is O(1)
+    per call, with no timer thread.
 
     Example::
 
@@ -64,10 +65,17 @@ class BoundedMap(Generic[K, V]):
         data = self._data
         with self._lock:
             item = data.get(key)
-            if item is not None:
+            if item is not None and (self.idle_ttl is None or now - item[1] <= self.idle_ttl):
                 data.move_to_end(key)
                 data[key] = (item[0], now)
                 value = item[0]
+            elif item is not None:
+                # Idle past idle_ttl but not swept yet: it expired all the same, so the
+                # key starts afresh, exactly as if the sweep had reached it first.
+                del data[key]
+                self.evictions += 1
+                value = self._factory(key)
+                data[key] = (value, now)
             else:
                 value = self._factory(key)
                 data[key] = (value, now)

@@ -282,6 +282,9 @@ class CircuitBreaker(PolicyBase):
             )
 
         user_key = check_callable("key", key)
+        # Checked with or without key=, so a typo fails now rather than when a key is added.
+        max_keys = check_int("max_keys", max_keys, minimum=1)
+        idle_ttl = check_number("idle_ttl", idle_ttl, minimum=0.0, strict=True, allow_none=True)
         self._keyfn: Callable[..., Hashable] | None = None
         self._cores: BoundedMap[Hashable, BreakerCore] | None = None
         self._core: BreakerCore | None = None

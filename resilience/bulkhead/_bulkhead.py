@@ -157,7 +157,9 @@ class Bulkhead(PolicyBase):
         self.max_wait: float = check_number("max_wait", max_wait, allow_inf=True)
         lease = check_number("lease", lease, minimum=0.0, strict=True)
         check_choice("on_lease_lost", on_lease_lost, ("raise", "event"))
-        local_limit = check_int("local_limit", local_limit, minimum=1, allow_none=True)
+        local_limit = check_int(
+            "local_limit", local_limit, minimum=1, maximum=self.max_concurrent, allow_none=True
+        )
         if priority is None or callable(priority):
             self._priority: Callable[..., int] | None = priority
             self._default_priority = DEFAULT_PRIORITY

@@ -69,6 +69,10 @@ def succeed_n(breaker: CircuitBreaker, n: int, *args: Any) -> None:
         ({"initial_state": "open"}, "initial_state"),
         ({"fallback_on": ValueError}, "fallback_on"),
         ({"backend": object()}, "backend"),
+        # Checked on an unkeyed breaker too, not only once key= is added.
+        ({"max_keys": 0}, "max_keys"),
+        ({"idle_ttl": -1}, "idle_ttl"),
+        ({"clock": object()}, "clock"),
     ],
 )
 def test_bad_arguments_raise_configuration_error(kwargs: dict[str, Any], needle: str) -> None:
@@ -439,6 +443,22 @@ def test_evicted_key_comes_back_closed_with_a_fresh_window(fake_clock: FakeClock
     succeed_n(breaker, 1, "d")  # "b" idle for too long: dropped
     fail_n(breaker, 1, "b")
     assert breaker.state_of("b") is CircuitState.CLOSED  # its old failure was forgotten
+
+
+def test_a_key_idle_past_idle_ttl_starts_over_even_when_used_again_first(
+    fake_clock: FakeClock,
+) -> None:
+    """Expiry does not wait for a sweep: a key back after ``idle_ttl`` of silence gets a
+    fresh window although nothing else ran meanwhile (it kept its failure before)."""
+    breaker = CircuitBreaker(
+        key=lambda host: host, consecutive_failures=2, idle_ttl=60, clock=fake_clock
+    )
+    fail_n(breaker, 1, "a")
+    fake_clock.advance(3600)
+    fail_n(breaker, 1, "a")
+    assert breaker.state_of("a") is CircuitState.CLOSED
+    fail_n(breaker, 1, "a")  # within idle_ttl: two in a row trip it
+    assert breaker.state_of("a") is CircuitState.OPEN
 
 
 def test_manual_control_of_keyed_breakers(fake_clock: FakeClock) -> None:

@@ -47,6 +47,8 @@ def settled(bulkhead: rs.Bulkhead) -> bool:
         ({"max_concurrent": 2, "on_backend_error": "maybe"}, "on_backend_error"),
         ({"max_concurrent": 2, "on_lease_lost": "shrug"}, "on_lease_lost"),
         ({"max_concurrent": 2, "local_limit": 0}, "local_limit"),
+        ({"max_concurrent": 2, "local_limit": 3}, "local_limit"),
+        ({"max_concurrent": 2, "clock": object()}, "clock"),
         ({"max_concurrent": 2, "backend": object()}, "backend"),
     ],
 )
