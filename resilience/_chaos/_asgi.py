@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
 
 from .._clock import SYSTEM_CLOCK, Clock
-from .._validate import check_clock, check_int, check_number
+from .._validate import check_callable, check_clock, check_int, check_number
 from ..errors import ConfigurationError
 from ._core import FaultCore, Plan, new_seed
 from ._shell import FaultStatistics, Observable, emit_plan, sleep_async, statistics_of
@@ -105,6 +105,7 @@ class FaultMiddleware(Observable):
                 )
         if not items and not headers:
             raise ConfigurationError("FaultMiddleware needs faults= or headers=True")
+        check_callable("app", app, allow_none=False)
         self.app = app
         self.seed: int = check_int("seed", new_seed() if seed is None else seed, minimum=-(2**63))
         self._clock = check_clock("clock", clock)

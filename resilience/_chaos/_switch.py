@@ -10,6 +10,7 @@ injection is first switched on in the process (see ``resilience._deferred``).
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
@@ -22,11 +23,27 @@ __all__ = ["ENV_VAR", "disabled", "enabled", "env_enabled", "is_enabled"]
 ENV_VAR = "RESILIENCE_CHAOS"
 
 _FALSE = ("", "0", "false", "no", "off")
+_TRUE = ("1", "true", "yes", "on")
 
 
 def env_enabled() -> bool:
-    """Whether ``RESILIENCE_CHAOS`` is set to a true value right now."""
-    return os.environ.get(ENV_VAR, "").strip().lower() not in _FALSE
+    """Whether ``RESILIENCE_CHAOS`` is set to a true value right now.
+
+    Only ``1``, ``true``, ``yes`` and ``on`` (any case) turn chaos on. Any other value
+    leaves it off with a warning: a switch that breaks things on purpose must not be
+    turned on by a typo or by ``RESILIENCE_CHAOS=disabled``.
+    """
+    value = os.environ.get(ENV_VAR, "").strip().lower()
+    if value in _TRUE:
+        return True
+    if value not in _FALSE:
+        warnings.warn(
+            f"{ENV_VAR}={value!r} is neither true (1, true, yes, on) nor false "
+            "(0, false, no, off, empty): fault injection stays off",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    return False
 
 
 # The default is the environment at import time: processes started with

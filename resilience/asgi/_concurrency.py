@@ -199,6 +199,7 @@ class ConcurrencyLimitMiddleware(Observed):
         clock: Clock | None = None,
         name: str = "ConcurrencyLimitMiddleware",
     ) -> None:
+        check_callable("app", app, allow_none=False)
         self.app = app
         self._clock: Clock = check_clock("clock", clock)
         self.name = name

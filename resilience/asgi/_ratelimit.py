@@ -195,6 +195,7 @@ class RateLimitMiddleware(Observed):
         hash_keys: bool = True,
         name: str = "RateLimitMiddleware",
     ) -> None:
+        check_callable("app", app, allow_none=False)
         self.app = app
         self.name = name
         self._listeners: list[Listener] = []

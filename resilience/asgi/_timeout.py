@@ -11,7 +11,7 @@ import anyio
 from .. import _deadline
 from .._clock import Clock
 from .._events import Listener, TimedOut
-from .._validate import check_clock, check_number
+from .._validate import check_callable, check_clock, check_number
 from ..errors import ConfigurationError
 from ._base import Observed
 from ._problem import Problem
@@ -58,6 +58,7 @@ class TimeoutMiddleware(Observed):
         clock: Clock | None = None,
         name: str = "TimeoutMiddleware",
     ) -> None:
+        check_callable("app", app, allow_none=False)
         self.app = app
         self.seconds: float | None = check_number("seconds", seconds, strict=True, allow_none=True)
         self._clock: Clock = check_clock("clock", clock)

@@ -17,13 +17,21 @@ def seed_for(nodeid: str, option: str | None) -> int:
     ``option`` is the ``--chaos-seed`` value: an integer, or ``"random"`` for a fresh
     seed (printed when the test fails, so the run can be replayed).
     """
-    if option is None or option == "":
+    if option is None or option.strip() == "":
         return zlib.crc32(nodeid.encode())
-    if option == "random":
+    if option.strip().lower() == "random":
         from .._chaos._core import new_seed
 
         return new_seed()
-    return int(option)
+    try:
+        return int(option)
+    except ValueError:
+        from ..errors import ConfigurationError
+
+        raise ConfigurationError(
+            f"the chaos seed must be an integer or 'random', got {option!r} "
+            "(--chaos-seed or RESILIENCE_CHAOS_SEED)"
+        ) from None
 
 
 class FaultsFixture:

@@ -298,6 +298,12 @@ class FaultProxy:
             self._refuse = bool(refuse)
             if self._refuse:
                 if self._server is not None:
+                    # Connections made before this call may still wait in the accept
+                    # queue; closing the listener now would leave them hanging. Let the
+                    # loop poll the listener and accept them first (they are existing
+                    # connections, and keep working).
+                    for _ in range(3):
+                        await asyncio.sleep(0)
                     self._server.close()
                     self._server = None
             else:

@@ -17,6 +17,7 @@ The plugin needs only pytest and the core dependencies.
 
 from __future__ import annotations
 
+import argparse
 import os
 from collections.abc import Generator, Iterator
 
@@ -49,12 +50,25 @@ def spawn_redis(**kwargs: object) -> RedisServer:
         pytest.skip(message)
 
 
+def _seed_option(value: str) -> str:
+    """``--chaos-seed`` is checked when pytest parses it: an integer or ``random``."""
+    if value.strip().lower() != "random":
+        try:
+            int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected an integer or 'random', got {value!r}"
+            ) from None
+    return value
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     """``--chaos-seed``: replay (an integer) or explore (``random``) chaos seeds."""
     group = parser.getgroup("resilience")
     group.addoption(
         "--chaos-seed",
         default=None,
+        type=_seed_option,
         help="seed of the `faults` fixture: an integer to replay a failure, or 'random' "
         f"(default: stable per test; also ${SEED_ENV})",
     )

@@ -103,6 +103,32 @@ def test_environment_variable_enables_the_whole_process() -> None:
     assert result.stdout.strip() == "True ['injected', 'injected']"
 
 
+@pytest.mark.parametrize(
+    ("value", "on", "warned"),
+    [
+        ("yes", True, False),
+        ("ON", True, False),
+        ("off", False, False),
+        ("", False, False),
+        ("disabled", False, True),
+        ("2", False, True),
+    ],
+)
+def test_only_true_values_of_the_variable_turn_chaos_on(value: str, on: bool, warned: bool) -> None:
+    """A typo or ``RESILIENCE_CHAOS=disabled`` leaves fault injection off, with a warning."""
+    code = "from resilience import chaos\nprint(chaos.is_enabled())\n"
+    env = {**os.environ, "RESILIENCE_CHAOS": value}
+    result = subprocess.run(
+        [sys.executable, "-W", "always", "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert result.stdout.strip() == str(on)
+    assert ("fault injection stays off" in result.stderr) is warned
+
+
 # -- determinism -------------------------------------------------------------------------
 
 

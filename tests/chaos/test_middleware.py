@@ -39,6 +39,21 @@ def test_refuses_to_start_unless_enabled(monkeypatch: pytest.MonkeyPatch) -> Non
         FaultMiddleware(app)  # the in-process switch is not an opt-in for real traffic
 
 
+def test_every_middleware_refuses_an_app_that_is_not_callable() -> None:
+    """``app=None`` fails at construction, not at the first request."""
+    from resilience.asgi import ConcurrencyLimitMiddleware, RateLimitMiddleware, TimeoutMiddleware
+
+    builds = [
+        lambda: FaultMiddleware(None, enabled=True),
+        lambda: RateLimitMiddleware(None, limiter=rs.RateLimiter("1/s")),
+        lambda: ConcurrencyLimitMiddleware(None, bulkhead=rs.Bulkhead(1)),
+        lambda: TimeoutMiddleware(None, seconds=1),
+    ]
+    for build in builds:
+        with pytest.raises(rs.ConfigurationError, match="app must be callable"):
+            build()
+
+
 def test_environment_variable_enables_it(monkeypatch: pytest.MonkeyPatch) -> None:
     """RESILIENCE_CHAOS=1 at construction is an explicit opt-in."""
     monkeypatch.setenv("RESILIENCE_CHAOS", "1")

@@ -97,6 +97,19 @@ def test_refuse_closes_the_listener(
     assert ping(proxy) == "PONG"
 
 
+def test_a_connection_made_just_before_refuse_keeps_working(
+    redis_server: RedisServer, fault_proxy: FaultProxyFactory
+) -> None:
+    """A connection the proxy had not accepted yet when ``refuse`` was set is an existing
+    connection: it is served, not left hanging in the closed listener's queue."""
+    proxy = fault_proxy(redis_server.port)
+    for _ in range(10):
+        with socket.create_connection(proxy.address, timeout=2.0) as sock:
+            proxy.refuse = True
+            assert exchange(sock) == b"+PONG\r\n"
+        proxy.refuse = False
+
+
 def test_reset_new_resets_on_accept(
     redis_server: RedisServer, fault_proxy: FaultProxyFactory
 ) -> None:

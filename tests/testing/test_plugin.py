@@ -112,3 +112,12 @@ def test_plugin_needs_only_core_dependencies() -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["faults", "fault_proxy"]
+
+
+def test_a_chaos_seed_that_is_not_a_number_is_a_usage_error(pytester: pytest.Pytester) -> None:
+    """``--chaos-seed=banana`` stops pytest at once, instead of erroring in every test."""
+    pytester.makepyfile(test_failing=FAILING)
+    result = pytester.runpytest("-p", "no:cacheprovider", "--chaos-seed=banana")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "expected an integer or 'random'" in result.stderr.str()
+    assert pytester.runpytest("-p", "no:cacheprovider", "--chaos-seed=Random").ret == 1
