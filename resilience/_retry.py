@@ -13,8 +13,7 @@ from ._clock import SYSTEM_CLOCK, Clock
 from ._events import RetriesExhausted, RetryBudgetExhausted, RetryScheduled
 from ._matching import ExceptionMatcher
 from ._policy import PolicyBase
-from ._validate import check_callable, check_clock, check_int, check_number
-from .backoff import full_jitter
+from ._validate import check_backoff, check_callable, check_clock, check_int, check_number
 from .errors import ConfigurationError, Rejected
 from .testing._no_wait import NO_WAIT
 
@@ -97,13 +96,7 @@ class Retry(PolicyBase):
         self.deadline: float | None = check_number(
             "deadline", deadline, strict=True, allow_none=True
         )
-        if backoff is None:
-            backoff = full_jitter(0.1, cap=10.0)
-        elif not isinstance(backoff, Iterable):
-            raise ConfigurationError(
-                f"backoff must be an iterable of delays (see resilience.backoff), got {backoff!r}"
-            )
-        self.backoff: Iterable[float] = backoff
+        self.backoff: Iterable[float] = check_backoff(backoff)
         if budget is not None and not isinstance(budget, RetryBudget):
             raise ConfigurationError(f"budget must be a RetryBudget, got {budget!r}")
         self.budget = budget

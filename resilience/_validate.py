@@ -7,7 +7,7 @@ a bad configuration fails at construction with a message that says how to fix it
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .errors import ConfigurationError
@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 __all__ = [
+    "check_backoff",
     "check_choice",
     "check_clock",
     "check_int",
@@ -100,3 +101,24 @@ def check_clock(name: str, value: Any) -> Clock:
             f"sleep_async(), e.g. rs.testing.FakeClock()), got {value!r}"
         )
     return value  # type: ignore[no-any-return]
+
+
+def check_backoff(value: Any) -> Any:
+    """Return ``value`` if it can serve as a backoff schedule (``None``: the default,
+    ``full_jitter(0.1, cap=10.0)``): an iterable of delays that every call can iterate
+    afresh. A generator or iterator is refused: the first call would use it up and
+    later calls would share what is left."""
+    if value is None:
+        from .backoff import full_jitter
+
+        return full_jitter(0.1, cap=10.0)
+    if not isinstance(value, Iterable):
+        raise ConfigurationError(
+            f"backoff must be an iterable of delays (see resilience.backoff), got {value!r}"
+        )
+    if iter(value) is value:
+        raise ConfigurationError(
+            "backoff must be re-iterable (a list, a tuple or a resilience.backoff "
+            f"schedule), not a one-shot iterator or generator: got {value!r}"
+        )
+    return value

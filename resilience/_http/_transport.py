@@ -28,8 +28,7 @@ from .._events import (
     RetriesExhausted,
     RetryScheduled,
 )
-from .._validate import check_callable, check_clock, check_int, check_number
-from ..backoff import full_jitter
+from .._validate import check_backoff, check_callable, check_clock, check_int, check_number
 from ..breaker import CircuitBreaker
 from ..bulkhead import Bulkhead
 from ..errors import ConfigurationError, RateLimited, Rejected
@@ -185,13 +184,7 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observab
         self._async_inner = inner if isinstance(inner, httpx.AsyncBaseTransport) else None
         self._key = check_callable("key", key)
         self.attempts: int = check_int("attempts", attempts, minimum=1)
-        if backoff is None:
-            backoff = full_jitter(0.1, cap=10.0)
-        elif not isinstance(backoff, Iterable):
-            raise ConfigurationError(
-                f"backoff must be an iterable of delays (see resilience.backoff), got {backoff!r}"
-            )
-        self._backoff = backoff
+        self._backoff: Iterable[float] = check_backoff(backoff)
         if budget is not None and not isinstance(budget, RetryBudget):
             raise ConfigurationError(f"budget must be a RetryBudget, got {budget!r}")
         self.budget: RetryBudget = RetryBudget(clock=self._clock) if budget is None else budget

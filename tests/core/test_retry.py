@@ -261,6 +261,9 @@ def test_events_report_each_retry(fake_clock: FakeClock) -> None:
         ({"on": lambda exc, more: True}, "one argument"),
         ({"on": OSError, "clock": object()}, "clock must be a resilience Clock"),
         ({"on": OSError, "name": 5}, "name must be a str"),
+        # A generator is used up by the first call; later calls would share the rest.
+        ({"on": OSError, "backoff": (d for d in (0.1, 0.2))}, "re-iterable"),
+        ({"on": OSError, "backoff": iter([0.1])}, "re-iterable"),
     ],
 )
 def test_bad_arguments(kwargs: dict[str, Any], message: str) -> None:

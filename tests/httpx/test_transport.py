@@ -497,6 +497,8 @@ def test_bulkhead_slot_is_released_when_the_attempt_fails(
         ({"retry_on": [ValueError, 3]}, "retry_on"),
         ({"budget": 0.2}, "budget"),
         ({"backoff": 1.0}, "backoff"),
+        ({"backoff": iter([0.1, 0.2])}, "re-iterable"),
+        ({"clock": "fake"}, "clock"),
         ({"key": "host"}, "key"),
         ({"deadline_header": ""}, "deadline_header"),
         ({"hosts": {"a": {"bulkhead": 1}}}, "HostPolicy"),
