@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from ._repeats import Repeats
 
@@ -150,7 +149,25 @@ class BackendRecovered(Event):
     """
 
 
-Listener = Callable[[Event], object]
+class Listener(Protocol):
+    """What receives events: any callable taking one :class:`Event` (its return value is
+    ignored). A listener runs in the thread or task that emitted the event, so keep it
+    quick; one that raises is logged and skipped, never breaking the observed call.
+
+    Example::
+
+        def on_event(event: rs.Event) -> None:
+            if isinstance(event, rs.StateChanged):
+                alert(f"{event.policy}: {event.old} -> {event.new}")
+
+        rs.add_listener(on_event)          # every policy
+        breaker.add_listener(print)        # one policy
+    """
+
+    def __call__(self, event: Event, /) -> object:
+        """Receive ``event``."""
+        ...
+
 
 #: Listeners that receive every event of every policy. Mutated in place, never rebound.
 GLOBAL_LISTENERS: list[Listener] = []
