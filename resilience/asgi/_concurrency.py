@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from re import Pattern
-from typing import Any
+from typing import Any, Literal
 
 import anyio
 
@@ -114,7 +114,7 @@ class _Plan:
         key: KeyFunction | None,
         priority: int | Callable[[Scope], int] | None,
         max_wait: float | None,
-        max_queue: int | None,
+        max_queue: int | Literal["auto"] | None,
     ) -> None:
         if not callable(getattr(bulkhead, "acquire_async", None)):
             raise ConfigurationError(
@@ -130,6 +130,9 @@ class _Plan:
             self.priority_fn = None
             self.priority = check_int("priority", priority, minimum=-(2**31), allow_none=True)
         self.max_wait: float | None = check_number("max_wait", max_wait, allow_none=True)
+        if max_queue == "auto":
+            limit = getattr(bulkhead, "max_concurrent", None)
+            max_queue = limit if isinstance(limit, int) else None
         self.max_queue: int | None = check_int("max_queue", max_queue, allow_none=True)
         #: Requests of this plan now waiting for a slot, per key (absent: none).
         self.waiting: dict[str | None, list[_Waiter]] = {}
@@ -144,10 +147,11 @@ class ConcurrencyLimitMiddleware(Observed):
     bulkhead's queue for at most ``max_wait`` (default: the bulkhead's), served by
     ``priority`` (lower first: ``0`` interactive before ``10`` batch; an int, a
     ``scope -> int`` such as :func:`header_priority`, or per-route via ``rules``), and
-    FIFO within a priority. The queue is bounded in time by ``max_wait`` and, with
-    ``max_queue``, in length (per key): when that many wait, a newcomer more urgent
-    than the least urgent waiter takes its place (the newest of the least urgent
-    class is refused), any other newcomer gets a free slot or is refused at once.
+    FIFO within a priority. The queue is short: bounded in time by ``max_wait`` and in
+    length by ``max_queue`` per key (default ``"auto"``: as many as the bulkhead's
+    ``max_concurrent``; ``None``: no length bound). When that many wait, a newcomer
+    more urgent than the least urgent waiter takes its place (the newest of the least
+    urgent class is refused), any other newcomer gets a free slot or is refused at once.
     A request that does not get in is refused with ``503``,
     ``Retry-After`` and an ``application/problem+json`` body of type
     ``temporary-reduced-capacity``. ``key`` makes the cap per key (per client,
@@ -190,7 +194,7 @@ class ConcurrencyLimitMiddleware(Observed):
         key: KeyFunction | None = None,
         priority: int | Callable[[Scope], int] | None = None,
         max_wait: float | None = None,
-        max_queue: int | None = None,
+        max_queue: int | Literal["auto"] | None = "auto",
         retry_after: float = 1.0,
         exempt: Sequence[str | Pattern[str]] = (),
         exempt_when: Callable[[Scope], bool] | None = None,
@@ -210,6 +214,8 @@ class ConcurrencyLimitMiddleware(Observed):
             exempt = [exempt]
         self._exempt_path = path_predicate(list(exempt))
         self._exempt_when = check_callable("exempt_when", exempt_when)
+        if isinstance(max_queue, str) and max_queue != "auto":
+            raise ConfigurationError(f"max_queue must be an int, 'auto' or None, got {max_queue!r}")
         self._default = _Plan(bulkhead, key, priority, max_wait, max_queue)
         matcher = Matcher(rules, allowed=_ALLOWED, owner="ConcurrencyLimitMiddleware")
         plans: list[_Plan | None] = []

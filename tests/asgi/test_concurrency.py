@@ -79,6 +79,7 @@ async def test_queued_requests_are_served_by_priority() -> None:
         bulkhead=bulkhead,
         priority=header_priority("x-priority"),
         rules=[Rule("/reports/*", priority=10)],
+        max_queue=3,  # the default ("auto") would let only one wait beside the one slot
     )
     async with anyio.create_task_group() as tg:
         tg.start_soon(call, app, http_scope("/hold"))
@@ -151,9 +152,35 @@ async def test_an_urgent_newcomer_displaces_the_newest_least_urgent_waiter() -> 
     assert bulkhead.statistics().in_flight == 0
 
 
+async def test_by_default_the_queue_is_as_long_as_the_cap() -> None:
+    """200 requests at a cap of 2: two run, two wait, the other 196 are refused at once
+    (without waiting out ``max_wait``); ``max_queue=None`` lets all of them wait."""
+    gate = Gate()
+    bulkhead = Bulkhead(2, max_wait=60, clock=FakeClock())
+    app = ConcurrencyLimitMiddleware(gate, bulkhead=bulkhead)
+    statuses: list[int] = []
+
+    async def one(path: str) -> None:
+        statuses.append((await call(app, http_scope(path))).status)
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(2):
+            tg.start_soon(one, "/hold")
+        await wait_for(lambda: len(gate.entered) == 2)
+        for index in range(198):
+            tg.start_soon(one, f"/{index}")
+        await wait_for(lambda: len(statuses) == 196)
+        assert bulkhead.statistics().waiting == 2
+        assert set(statuses) == {503}
+        gate.release.set()
+    assert sorted(statuses) == [200] * 4 + [503] * 196
+    unbounded = ConcurrencyLimitMiddleware(ok_app, bulkhead=Bulkhead(1), max_queue=None)
+    assert (await call(unbounded, http_scope())).status == 200
+
+
 async def test_max_queue_must_be_a_non_negative_int() -> None:
     """A bad ``max_queue`` is refused at construction."""
-    for bad in (-1, 1.5, "auto"):
+    for bad in (-1, 1.5, "many"):
         with pytest.raises(ConfigurationError, match="max_queue"):
             ConcurrencyLimitMiddleware(ok_app, bulkhead=Bulkhead(1), max_queue=bad)
 
