@@ -12,7 +12,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast
 
 from .._clock import SYSTEM_CLOCK, Clock
-from .._events import CallRejected
+from .._events import GLOBAL_LISTENERS, CallRejected
 from .._keyed import BoundedMap
 from .._policy import PolicyBase
 from .._validate import check_callable, check_clock, check_int, check_number
@@ -64,7 +64,7 @@ class Permit:
     __slots__ = ("_breaker", "_core", "_done", "_start", "_ticket")
 
     def __init__(
-        self, breaker: CircuitBreaker, core: BreakerCore, ticket: Ticket, start: float
+        self, breaker: CircuitBreaker, core: BreakerCore, ticket: Ticket, start: float | None
     ) -> None:
         self._breaker = breaker
         self._core = core
@@ -377,39 +377,51 @@ class CircuitBreaker(PolicyBase):
 
     # ----------------------------------------------------------------- outcomes
 
+    def _start_time(self) -> float | None:
+        """When a call starts, if anything needs its duration (the configuration, or a
+        listener: while anyone listens every call is timed and reported)."""
+        if self._timed or self._listeners or GLOBAL_LISTENERS:
+            return self._now()
+        return None
+
     def _settle(
         self,
         core: BreakerCore,
         ticket: Ticket,
         outcome: Outcome,
-        start: float,
+        start: float | None,
         exc: BaseException | None,
     ) -> None:
         now = self._now()
-        duration = now - start if self._timed else None
-        if outcome is SUCCESS and (
-            ticket.quick_success_at(now, start) if self._timed else ticket.quick_success()
-        ):
-            return
+        duration = None if start is None else now - start
+        timed = self._timed
+        quick = outcome is SUCCESS and (
+            ticket.quick_success_at(now, start)  # type: ignore[arg-type] # timed: a start
+            if timed
+            else ticket.quick_success()
+        )
         if self._observed and core.state is not CircuitState.DISABLED:
-            slow = duration is not None and duration > self._config.slow_after
-            if outcome is not SUCCESS or slow or ticket is not core.fast:
-                self._emit(
-                    OutcomeRecorded(
-                        policy=self.name,
-                        key=None if core.key is None else str(core.key),
-                        outcome=outcome,
-                        slow=slow,
-                        duration=duration,
-                        exception=exc,
-                    )
+            self._emit(
+                OutcomeRecorded(
+                    policy=self.name,
+                    key=None if core.key is None else str(core.key),
+                    outcome=outcome,
+                    slow=duration is not None and duration > self._config.slow_after,
+                    duration=duration,
+                    exception=exc,
                 )
-        core.settle(ticket, outcome, now, duration)
+            )
+        if not quick:
+            core.settle(ticket, outcome, now, duration if timed else None)
 
-    def _failed(self, core: BreakerCore, ticket: Ticket, exc: BaseException, start: float) -> None:
+    def _failed(
+        self, core: BreakerCore, ticket: Ticket, exc: BaseException, start: float | None
+    ) -> None:
         self._settle(core, ticket, self._config.classify(exc), start, exc)
 
-    def _succeeded(self, core: BreakerCore, ticket: Ticket, result: object, start: float) -> None:
+    def _succeeded(
+        self, core: BreakerCore, ticket: Ticket, result: object, start: float | None
+    ) -> None:
         outcome = SUCCESS if self._judge is None else self._config.judge(result)
         self._settle(core, ticket, outcome, start, None)
 
@@ -448,7 +460,7 @@ class CircuitBreaker(PolicyBase):
         ticket = core.acquire(self._now())
         if isinstance(ticket, Election):
             ticket = self._elect(core, ticket)
-        return Permit(self, core, ticket, self._now() if self._timed else 0.0)
+        return Permit(self, core, ticket, self._start_time())
 
     async def acquire_async(self, key: Hashable = None) -> Permit:
         """Like :meth:`acquire_nowait`, awaiting the fleet election (if any) without blocking.
@@ -462,7 +474,7 @@ class CircuitBreaker(PolicyBase):
         ticket = core.acquire(self._now())
         if isinstance(ticket, Election):
             ticket = await self._elect_async(core, ticket)
-        return Permit(self, core, ticket, self._now() if self._timed else 0.0)
+        return Permit(self, core, ticket, self._start_time())
 
     # ----------------------------------------------------------------- the shells
 
@@ -474,15 +486,15 @@ class CircuitBreaker(PolicyBase):
         """Run ``fn(*args, **kwargs)`` through the breaker (raises CircuitOpen when open)."""
         core = self._core or self._core_for(args, kwargs)
         ticket = core.fast
-        if ticket is None or not self._plain:
+        if ticket is None or not self._plain or self._listeners or GLOBAL_LISTENERS:
             return self._guarded(core, fn, args, kwargs)
         try:
             result = fn(*args, **kwargs)
         except BaseException as exc:
-            self._failed(core, ticket, exc, 0.0)
+            self._failed(core, ticket, exc, None)
             raise
         if ticket.pending:
-            self._succeeded(core, ticket, result, 0.0)
+            self._succeeded(core, ticket, result, None)
         else:
             ticket.tick()
         return result
@@ -493,7 +505,7 @@ class CircuitBreaker(PolicyBase):
         ticket = core.fast or core.acquire(self._now())
         if isinstance(ticket, Election):
             ticket = self._elect(core, ticket)
-        start = self._now() if self._timed else 0.0
+        start = self._start_time()
         try:
             result = fn(*args, **kwargs)
         except BaseException as exc:
@@ -506,15 +518,15 @@ class CircuitBreaker(PolicyBase):
         """Run ``await fn(*args, **kwargs)`` through the breaker (asyncio or trio)."""
         core = self._core or self._core_for(args, kwargs)
         ticket = core.fast
-        if ticket is None or not self._plain:
+        if ticket is None or not self._plain or self._listeners or GLOBAL_LISTENERS:
             return await self._guarded_async(core, fn, args, kwargs)
         try:
             result = await fn(*args, **kwargs)
         except BaseException as exc:
-            self._failed(core, ticket, exc, 0.0)
+            self._failed(core, ticket, exc, None)
             raise
         if ticket.pending:
-            self._succeeded(core, ticket, result, 0.0)
+            self._succeeded(core, ticket, result, None)
         else:
             ticket.tick()
         return result
@@ -529,7 +541,7 @@ class CircuitBreaker(PolicyBase):
         ticket = core.fast or core.acquire(self._now())
         if isinstance(ticket, Election):
             ticket = await self._elect_async(core, ticket)
-        start = self._now() if self._timed else 0.0
+        start = self._start_time()
         try:
             result = await fn(*args, **kwargs)
         except BaseException as exc:
@@ -555,6 +567,7 @@ class CircuitBreaker(PolicyBase):
             return super().__call__(fn)
         fixed, core_for = self._core, self._core_for
         failed, succeeded = self._failed, self._succeeded
+        listeners = self._listeners  # mutated in place, never rebound
 
         if inspect.iscoroutinefunction(fn):
             guarded_async = self._guarded_async
@@ -563,15 +576,15 @@ class CircuitBreaker(PolicyBase):
             async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
                 core = fixed or core_for(args, kwargs)
                 ticket = core.fast
-                if ticket is None:
+                if ticket is None or listeners or GLOBAL_LISTENERS:
                     return await guarded_async(core, fn, args, kwargs)
                 try:
                     result = await fn(*args, **kwargs)
                 except BaseException as exc:
-                    failed(core, ticket, exc, 0.0)
+                    failed(core, ticket, exc, None)
                     raise
                 if ticket.pending:
-                    succeeded(core, ticket, result, 0.0)
+                    succeeded(core, ticket, result, None)
                 else:
                     ticket.tick()
                 return result
@@ -584,15 +597,15 @@ class CircuitBreaker(PolicyBase):
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             core = fixed or core_for(args, kwargs)
             ticket = core.fast
-            if ticket is None:
+            if ticket is None or listeners or GLOBAL_LISTENERS:
                 return guarded(core, fn, args, kwargs)
             try:
                 result = fn(*args, **kwargs)
             except BaseException as exc:
-                failed(core, ticket, exc, 0.0)
+                failed(core, ticket, exc, None)
                 raise
             if ticket.pending:
-                succeeded(core, ticket, result, 0.0)
+                succeeded(core, ticket, result, None)
             else:
                 ticket.tick()
             return result

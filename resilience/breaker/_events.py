@@ -33,13 +33,14 @@ class BreakerStateChanged(StateChanged):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class OutcomeRecorded(Event):
-    """A breaker recorded a call outcome other than a plain, fast success.
+    """A breaker recorded the outcome of a call.
 
     ``outcome`` is ``"success"``, ``"failure"`` or ``"ignored"``; ``slow`` tells whether
-    the call was slower than ``slow_call``; ``duration`` is ``None`` when the breaker
-    does not time calls. Plain successes in the CLOSED state are not reported, to keep
-    the happy path free (``statistics()`` counts them); slow successes, failures,
-    ignored outcomes and every half-open probe outcome are.
+    the call was slower than ``slow_call``; ``duration`` is the call's duration in
+    seconds on the breaker's clock. Emitted for every call while anyone listens (a
+    metrics adapter gets its call-duration histogram from it); nobody listening, the
+    breaker builds no event and times no call it does not need to (``duration`` is
+    then ``None`` for a call that started before the first listener came).
 
     Example::
 

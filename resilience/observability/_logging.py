@@ -33,6 +33,7 @@ from .._events import (
 from .._repeats import Repeats
 from .._validate import check_clock, check_number
 from ..asgi._events import RequestAdmitted, RequestCompleted
+from ..breaker._events import OutcomeRecorded
 from ..bulkhead._events import BulkheadLeaseLost
 
 __all__ = ["DEFAULT_LEVELS", "TRANSITIONS", "LoggingListener"]
@@ -52,6 +53,7 @@ DEFAULT_LEVELS: Mapping[type[Event], int] = {
     # One per request on the happy path: only worth a record when debugging.
     RequestAdmitted: logging.DEBUG,
     RequestCompleted: logging.DEBUG,
+    OutcomeRecorded: logging.DEBUG,
 }
 
 #: Event types that are always logged, never counted as repeats (``isinstance``).
@@ -66,7 +68,7 @@ class LoggingListener:
     The message reads ``"<EventType> policy=<name> key=<key> field=value ..."``; the
     event itself is attached as ``record.resilience_event`` for structured handlers.
     Levels come from ``levels`` (state changes and backend fallbacks WARNING,
-    rejections, scheduled retries and per-request admissions DEBUG, the rest INFO); a
+    rejections, scheduled retries and per-call admissions and outcomes DEBUG, the rest INFO); a
     disabled level costs one check.
 
     Of the same event type from the same policy, at most one record is written per

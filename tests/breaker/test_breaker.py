@@ -364,7 +364,7 @@ def test_events_tell_the_story(fake_clock: FakeClock) -> None:
     breaker = CircuitBreaker(consecutive_failures=1, open_for=5, name="api", clock=fake_clock)
     events: list[rs.Event] = []
     breaker.add_listener(events.append)
-    succeed_n(breaker, 1)  # plain successes are not reported
+    succeed_n(breaker, 1)  # reported too, while anyone listens (metrics need every call)
     fail_n(breaker, 1)
     with pytest.raises(rs.CircuitOpen):
         breaker.call(ok)
@@ -375,6 +375,7 @@ def test_events_tell_the_story(fake_clock: FakeClock) -> None:
         for e in events
     ]
     assert kinds == [
+        ("OutcomeRecorded", "success"),
         ("OutcomeRecorded", "failure"),
         ("BreakerStateChanged", "consecutive_failures"),
         ("CallRejected", None),
@@ -382,12 +383,41 @@ def test_events_tell_the_story(fake_clock: FakeClock) -> None:
         ("OutcomeRecorded", "success"),
         ("BreakerStateChanged", "probes_succeeded"),
     ]
-    opened = events[1]
+    opened = events[2]
     assert isinstance(opened, BreakerStateChanged)
     assert isinstance(opened, rs.StateChanged)
     assert (opened.policy, opened.old, opened.new, opened.open_for) == ("api", "closed", "open", 5)
-    assert isinstance(events[0], OutcomeRecorded)
-    assert isinstance(events[0].exception, Boom)
+    assert isinstance(events[1], OutcomeRecorded)
+    assert isinstance(events[1].exception, Boom)
+    # Every reported call carries its duration (on the breaker's clock).
+    assert all(e.duration == 0.0 for e in events if isinstance(e, OutcomeRecorded))
+
+
+def test_observed_calls_are_timed_for_the_duration_histogram(fake_clock: FakeClock) -> None:
+    """With a metrics adapter installed, every call (plain successes included) feeds the
+    call-duration histogram, so p50/p95/p99 exist for a breaker that never failed."""
+    from resilience.observability import samples
+
+    breaker = CircuitBreaker(name="db", clock=fake_clock)
+    durations: list[float] = []
+
+    def listener(event: rs.Event) -> None:
+        durations.extend(v for series, v, _ in samples(event) if series.name.endswith("duration"))
+
+    breaker.add_listener(listener)
+
+    def query(seconds: float) -> str:
+        fake_clock.advance(seconds)
+        return "rows"
+
+    for seconds in (0.01, 0.02, 0.5):
+        assert breaker.call(query, seconds) == "rows"
+    decorated = breaker(query)
+    assert decorated(0.03) == "rows"
+    assert durations == pytest.approx([0.01, 0.02, 0.5, 0.03])
+    breaker.remove_listener(listener)
+    assert breaker.call(query, 1.0) == "rows"  # unobserved: the untimed fast path again
+    assert len(durations) == 4
 
 
 def test_statistics_counts(fake_clock: FakeClock) -> None:
