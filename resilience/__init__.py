@@ -22,6 +22,7 @@ from ._deadline import Deadline, current_deadline, deadline, time_remaining
 from ._events import (
     BackendFallback,
     BackendRecovered,
+    CallAdmitted,
     CallRejected,
     Event,
     FallbackUsed,
@@ -70,6 +71,7 @@ __all__ = [
     "BulkheadFull",
     "BulkheadLeaseLost",
     "BulkheadStatistics",
+    "CallAdmitted",
     "CallRejected",
     "CircuitBreaker",
     "CircuitOpen",

@@ -21,6 +21,7 @@ __all__ = [
     "GLOBAL_LISTENERS",
     "BackendFallback",
     "BackendRecovered",
+    "CallAdmitted",
     "CallRejected",
     "Event",
     "FallbackUsed",
@@ -107,6 +108,22 @@ class FallbackUsed(Event):
     """
 
     exception: BaseException
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CallAdmitted(Event):
+    """A rate limiter let a call through (``allowed`` is always true), after ``waited``
+    seconds of reservation (0.0: at once).
+
+    Emitted only while anyone listens, so it costs nothing otherwise; with
+    :class:`CallRejected` it gives the ``resilience.decisions`` counter both outcomes,
+    and ``waited`` feeds the wait-time histogram.
+
+    Example: ``limiter.add_listener(lambda e: print(e.policy, e.key, e.waited))``
+    """
+
+    allowed: bool = True
+    waited: float = 0.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -75,11 +75,14 @@ class _Plan:
         self.limiter = limiter
         #: The limiter's own name: events carry it, so that they line up with its own.
         self.policy = str(getattr(limiter, "name", name))
-        self.acquire = limiter.try_acquire_async
+        # The limiter's decisions without its own admission events: the middleware
+        # reports admissions itself (RequestAdmitted), once per request.
+        self.acquire = getattr(limiter, "_decide_async", limiter.try_acquire_async)
         # An in-process limiter decides without I/O: call its sync twin and save the
         # coroutine (the limiter's own async shell does the same for local buckets).
         local = getattr(getattr(limiter, "_buckets", None), "local", False) is True
-        self.decide: Callable[[str, int], Any] | None = limiter.try_acquire if local else None
+        decide = getattr(limiter, "_decide", getattr(limiter, "try_acquire", None))
+        self.decide: Callable[[str, int], Any] | None = decide if local else None
         self.key = _as_key(key).func
         if callable(cost):
             self.cost_fn: Callable[[Scope], int] | None = cost

@@ -19,6 +19,7 @@ from .._clock import SYSTEM_CLOCK, Clock
 from .._events import (
     BackendFallback,
     BackendRecovered,
+    CallAdmitted,
     CallRejected,
     Event,
     FallbackUsed,
@@ -49,6 +50,7 @@ DEFAULT_LEVELS: Mapping[type[Event], int] = {
     TimedOut: logging.INFO,
     FallbackUsed: logging.INFO,
     CallRejected: logging.DEBUG,
+    CallAdmitted: logging.DEBUG,
     RetryScheduled: logging.DEBUG,
     # One per request on the happy path: only worth a record when debugging.
     RequestAdmitted: logging.DEBUG,

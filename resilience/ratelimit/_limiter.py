@@ -17,7 +17,7 @@ from typing import Any, Final, ParamSpec, TypeVar, cast
 
 from .._clock import Clock
 from .._deadline import clamp
-from .._events import CallRejected
+from .._events import GLOBAL_LISTENERS, CallAdmitted, CallRejected
 from .._policy import PolicyBase, decorate
 from .._validate import check_callable, check_choice, check_clock, check_int, check_number
 from ..backends._failover import MODES, Failover
@@ -261,6 +261,12 @@ class RateLimiter(PolicyBase):
             self._refused(key, decision.retry_after)
         return decision
 
+    def _admitted_event(self, key: Hashable, waited: float) -> None:
+        """Report an admission (callers check that anyone listens first)."""
+        self._emit(
+            CallAdmitted(policy=self.name, key=None if key is None else str(key), waited=waited)
+        )
+
     def _polling_delay(self, decision: Decision, budget_us: int) -> float | None:
         # Window algorithms cannot reserve: when the refusal will lift within the budget,
         # the shell sleeps retry_after and asks again. GCRA decisions never get here.
@@ -285,19 +291,34 @@ class RateLimiter(PolicyBase):
             d = limiter.try_acquire(key="alice")
             print(d.allowed, d.remaining, d.retry_after, d.reset_after, d.limit)
         """
-        if key is None:
-            key = self._key  # the limiter's constant key, if it has one
-        if cost != 1:
-            self._check_cost(cost)
-        return self._count(self._buckets.take(key, cost, 0), key)
+        decision = self._decide(key, cost)
+        if decision.allowed and (self._listeners or GLOBAL_LISTENERS):
+            self._admitted_event(self._key if key is None else key, 0.0)
+        return decision
 
     async def try_acquire_async(self, key: Hashable = None, cost: int = 1) -> Decision:
         """Async :meth:`try_acquire` (asyncio or trio; Redis I/O does not block the loop).
 
         Example: ``d = await limiter.try_acquire_async(key="alice")``
         """
+        decision = await self._decide_async(key, cost)
+        if decision.allowed and (self._listeners or GLOBAL_LISTENERS):
+            self._admitted_event(self._key if key is None else key, 0.0)
+        return decision
+
+    # The decisions themselves, counted, refusals reported: what try_acquire() and the
+    # ASGI middleware share (the middleware reports its own admissions).
+
+    def _decide(self, key: Hashable, cost: int) -> Decision:
         if key is None:
             key = self._key  # the limiter's constant key, if it has one
+        if cost != 1:
+            self._check_cost(cost)
+        return self._count(self._buckets.take(key, cost, 0), key)
+
+    async def _decide_async(self, key: Hashable, cost: int) -> Decision:
+        if key is None:
+            key = self._key
         if cost != 1:
             self._check_cost(cost)
         buckets = self._buckets
@@ -335,6 +356,8 @@ class RateLimiter(PolicyBase):
             self._clock.sleep(delay)
             budget -= _wait_us(delay)
         self._admitted += 1
+        if self._listeners or GLOBAL_LISTENERS:
+            self._admitted_event(key, decision.wait)
         if decision.wait > 0:
             self._waited += 1
             self._clock.sleep(decision.wait)
@@ -367,6 +390,8 @@ class RateLimiter(PolicyBase):
             await self._clock.sleep_async(delay)
             budget -= _wait_us(delay)
         self._admitted += 1
+        if self._listeners or GLOBAL_LISTENERS:
+            self._admitted_event(key, decision.wait)
         if decision.wait > 0:
             self._waited += 1
             await self._clock.sleep_async(decision.wait)
@@ -385,15 +410,19 @@ class RateLimiter(PolicyBase):
             wait = admit_one()
             if wait:
                 raise self._refused(None, -wait)
+            if self._listeners or GLOBAL_LISTENERS:
+                self._admitted_event(None, 0.0)
             return fn(*args, **kwargs)
         key_fn = self._key_fn
         key = self._key if key_fn is None else key_fn(*args, **kwargs)
         admit = self._admit
         if admit is not None:
             wait = admit(key, 1, self._max_wait_us and self._budget_us(None))
+            if wait < 0:
+                raise self._refused(key, -wait)
+            if self._listeners or GLOBAL_LISTENERS:
+                self._admitted_event(key, wait)
             if wait:
-                if wait < 0:
-                    raise self._refused(key, -wait)
                 self._waited += 1
                 self._clock.sleep(wait)
             return fn(*args, **kwargs)
@@ -407,15 +436,19 @@ class RateLimiter(PolicyBase):
             wait = admit_one()
             if wait:
                 raise self._refused(None, -wait)
+            if self._listeners or GLOBAL_LISTENERS:
+                self._admitted_event(None, 0.0)
             return await fn(*args, **kwargs)
         key_fn = self._key_fn
         key = self._key if key_fn is None else key_fn(*args, **kwargs)
         admit = self._admit
         if admit is not None:
             wait = admit(key, 1, self._max_wait_us and self._budget_us(None))
+            if wait < 0:
+                raise self._refused(key, -wait)
+            if self._listeners or GLOBAL_LISTENERS:
+                self._admitted_event(key, wait)
             if wait:
-                if wait < 0:
-                    raise self._refused(key, -wait)
                 self._waited += 1
                 await self._clock.sleep_async(wait)
             return await fn(*args, **kwargs)
@@ -448,7 +481,8 @@ class RateLimiter(PolicyBase):
         return cast(Callable[P, T], self._decorate_keyed(fn, admit))
 
     def _decorate_unkeyed(self, fn: Callable[P, T], admit_one: Callable[[], float]) -> Any:
-        refused = self._refused
+        refused, admitted = self._refused, self._admitted_event
+        listeners = self._listeners  # mutated in place, never rebound
         if inspect.iscoroutinefunction(fn):
             afn = cast(Callable[..., Awaitable[Any]], fn)
 
@@ -457,6 +491,8 @@ class RateLimiter(PolicyBase):
                 wait = admit_one()
                 if wait:
                     raise refused(None, -wait)
+                if listeners or GLOBAL_LISTENERS:
+                    admitted(None, 0.0)
                 return await afn(*args, **kwargs)
 
             return async_wrapper
@@ -466,6 +502,8 @@ class RateLimiter(PolicyBase):
             wait = admit_one()
             if wait:
                 raise refused(None, -wait)
+            if listeners or GLOBAL_LISTENERS:
+                admitted(None, 0.0)
             return fn(*args, **kwargs)
 
         return wrapper
@@ -473,7 +511,8 @@ class RateLimiter(PolicyBase):
     def _decorate_keyed(
         self, fn: Callable[P, T], admit: Callable[[Hashable, int, int], float]
     ) -> Any:
-        refused = self._refused
+        refused, admitted = self._refused, self._admitted_event
+        listeners = self._listeners  # mutated in place, never rebound
         key_fn = self._key_fn
         if key_fn is None:
             constant = self._key
@@ -490,6 +529,8 @@ class RateLimiter(PolicyBase):
                 wait = admit(key, 1, 0)
                 if wait:
                     raise refused(key, -wait)
+                if listeners or GLOBAL_LISTENERS:
+                    admitted(key, 0.0)
                 return await afn(*args, **kwargs)
 
             return async_wrapper
@@ -500,6 +541,8 @@ class RateLimiter(PolicyBase):
             wait = admit(key, 1, 0)
             if wait:
                 raise refused(key, -wait)
+            if listeners or GLOBAL_LISTENERS:
+                admitted(key, 0.0)
             return fn(*args, **kwargs)
 
         return wrapper

@@ -429,3 +429,28 @@ async def test_redis_replicas_share_buckets_under_hashed_keys(
     assert not any(
         CLIENT.encode() in (k if isinstance(k, bytes) else str(k).encode()) for k in keys
     )
+
+
+@pytest.mark.parametrize("cost", [1, 2])
+async def test_each_request_is_one_decision_in_the_metrics(cost: int) -> None:
+    """The middleware reports an admission once (RequestAdmitted), whichever path the
+    limiter takes (the lean one for cost 1, a full decision for cost 2); the limiter's
+    own CallAdmitted is not added on top, so the decisions counter is not doubled."""
+    from resilience.observability import samples
+
+    limiter = RateLimiter("4/s", name="api")
+    app = RateLimitMiddleware(ok_app, limiter=limiter, cost=cost)
+    outcomes: list[str] = []
+
+    def count(event: rs.Event) -> None:
+        outcomes.extend(
+            labels[1] for s, _, labels in samples(event) if s.name == "resilience.decisions"
+        )
+
+    rs.add_listener(count)
+    try:
+        statuses = [(await call(app, http_scope())).status for _ in range(4 // cost + 1)]
+    finally:
+        rs.remove_listener(count)
+    assert statuses == [200] * (4 // cost) + [429]
+    assert outcomes == ["admitted"] * (4 // cost) + ["rejected"]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from typing import Any
 
 import pytest
 
@@ -161,7 +163,8 @@ def test_context_manager_takes_a_token(fake_clock: FakeClock) -> None:
 
 
 def test_events_and_statistics(fake_clock: FakeClock) -> None:
-    """Refusals emit CallRejected (with key and retry_after) and are counted."""
+    """Admissions emit CallAdmitted and refusals CallRejected (with key and
+    retry_after), while anyone listens; both are counted either way."""
     limiter = rs.RateLimiter("1/s", key=lambda k: k, clock=fake_clock, name="api")
     events: list[rs.Event] = []
     limiter.add_listener(events.append)
@@ -170,11 +173,71 @@ def test_events_and_statistics(fake_clock: FakeClock) -> None:
     with pytest.raises(rs.RateLimited):
         guarded("alice")
     assert limiter.try_acquire("alice").allowed is False
-    assert [type(e) for e in events] == [rs.CallRejected, rs.CallRejected]
-    assert events[0].key == "alice"
-    assert events[0].policy == "api"
+    assert limiter.try_acquire("bob").allowed is True
+    assert [type(e) for e in events] == [
+        rs.CallAdmitted,
+        rs.CallRejected,
+        rs.CallRejected,
+        rs.CallAdmitted,
+    ]
+    assert [e.key for e in events] == ["alice", "alice", "alice", "bob"]
+    assert {e.policy for e in events} == {"api"}
     stats = limiter.statistics()
-    assert (stats.admitted, stats.rejected, stats.keys) == (1, 2, 1)
+    assert (stats.admitted, stats.rejected, stats.keys) == (2, 2, 2)
+    limiter.remove_listener(events.append)
+    guarded("carol")
+    assert len(events) == 4  # nobody listens: no event is built
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda clock: rs.RateLimiter("5/s", clock=clock),  # unkeyed, inlined decorator
+        lambda clock: rs.RateLimiter("5/s", key=lambda: "k", clock=clock),  # keyed, inlined
+        lambda clock: rs.RateLimiter("5/s", max_wait=1.0, clock=clock),  # reservations
+    ],
+)
+async def test_every_admission_path_reports_decisions_and_waits(make: Any) -> None:
+    """Decorators (sync and async), ``call``, ``with`` and ``try_acquire`` all report
+    admissions; a reservation reports how long it waited."""
+    from resilience.observability import samples
+
+    clock = FakeClock()
+    limiter = make(clock)
+    seen: list[tuple[str, float, tuple[str, ...]]] = []
+    limiter.add_listener(lambda e: seen.extend((s.name, v, labels) for s, v, labels in samples(e)))
+
+    def decisions() -> list[str]:
+        return [labels[1] for name, _, labels in seen if name == "resilience.decisions"]
+
+    def waits() -> list[float]:
+        return [v for name, v, _ in seen if name == "resilience.wait.duration"]
+
+    sync = limiter(lambda: "ok")
+
+    async def job() -> str:
+        return "ok"
+
+    assert sync() == "ok"
+    assert await limiter(job)() == "ok"
+    assert limiter.call(lambda: "ok") == "ok"
+    with limiter:
+        pass
+    assert limiter.try_acquire(cost=1).allowed
+    assert decisions() == ["admitted"] * 5
+    assert waits() == [0.0] * 5
+    # Empty the decorator's bucket: then a reservation waits, or a call is refused.
+    for _ in range(5):
+        if limiter.max_wait:
+            sync()
+        else:
+            with contextlib.suppress(rs.RateLimited):
+                sync()
+    if limiter.max_wait:
+        assert max(waits()) > 0
+    else:
+        assert decisions()[-1] == "rejected"
 
 
 def test_threads_never_over_admit() -> None:
