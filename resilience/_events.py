@@ -112,8 +112,8 @@ class FallbackUsed(Event):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CallAdmitted(Event):
-    """A rate limiter let a call through (``allowed`` is always true), after ``waited``
-    seconds of reservation (0.0: at once).
+    """A rate limiter or a bulkhead let a call through (``allowed`` is always true) after
+    ``waited`` seconds (0.0: at once; a limiter's reservation, a bulkhead's queueing).
 
     Emitted only while anyone listens, so it costs nothing otherwise; with
     :class:`CallRejected` it gives the ``resilience.decisions`` counter both outcomes,

@@ -120,7 +120,14 @@ class _Plan:
             raise ConfigurationError(
                 f"bulkhead must be a rs.Bulkhead (with acquire_async), got {bulkhead!r}"
             )
-        self.acquire = bulkhead.acquire_async
+        # The acquisition without the bulkhead's own admission event: the middleware
+        # reports each request once (RequestAdmitted, with the time it queued).
+        quiet = getattr(bulkhead, "_acquire_quietly_async", None)
+        self.acquire = (
+            bulkhead.acquire_async
+            if quiet is None
+            else lambda key, *, priority=None, max_wait=None: quiet(key, priority, max_wait)
+        )
         self.policy = str(getattr(bulkhead, "name", "Bulkhead"))
         self.key = None if key is None else _as_key(key).func
         if callable(priority):

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from .. import _deadline
 from .._clock import SYSTEM_CLOCK, Clock
-from .._events import CallRejected
+from .._events import GLOBAL_LISTENERS, CallAdmitted, CallRejected
 from .._policy import PolicyBase
 from .._validate import check_callable, check_choice, check_clock, check_int, check_number
 from ..errors import BulkheadFull
@@ -206,11 +206,15 @@ class Bulkhead(PolicyBase):
                 ...
         """
         if self._remote is not None:
-            return self._remote.acquire(key, self._default_priority, 0.0)
-        n = self._slots.try_acquire(key)
-        if not n:
-            raise self._rejected(key)
-        return Permit(self, key, self._sample_start(n))
+            permit = self._remote.acquire(key, self._default_priority, 0.0)
+        else:
+            n = self._slots.try_acquire(key)
+            if not n:
+                raise self._rejected(key)
+            permit = Permit(self, key, self._sample_start(n))
+        if self._listeners or GLOBAL_LISTENERS:
+            self._admitted(key, 0.0)
+        return permit
 
     def acquire(
         self, key: Hashable = None, *, priority: int | None = None, max_wait: float | None = None
@@ -225,6 +229,17 @@ class Bulkhead(PolicyBase):
             with bulkhead.acquire(key="example.com", max_wait=5.0):
                 download()
         """
+        if not (self._listeners or GLOBAL_LISTENERS):
+            return self._acquire_quietly(key, priority, max_wait)
+        started = self._now()
+        permit = self._acquire_quietly(key, priority, max_wait)
+        self._admitted(key, self._now() - started)
+        return permit
+
+    def _acquire_quietly(
+        self, key: Hashable, priority: int | None, max_wait: float | None
+    ) -> Permit:
+        """:meth:`acquire` without the admission event."""
         priority = self._direct_priority(priority)
         wait = self.max_wait if max_wait is None else _check_wait(max_wait)
         if self._remote is not None:
@@ -247,6 +262,18 @@ class Bulkhead(PolicyBase):
             async with await bulkhead.acquire_async(key="example.com", priority=0):
                 await download()
         """
+        if not (self._listeners or GLOBAL_LISTENERS):
+            return await self._acquire_quietly_async(key, priority, max_wait)
+        started = self._now()
+        permit = await self._acquire_quietly_async(key, priority, max_wait)
+        self._admitted(key, self._now() - started)
+        return permit
+
+    async def _acquire_quietly_async(
+        self, key: Hashable, priority: int | None, max_wait: float | None
+    ) -> Permit:
+        """:meth:`acquire_async` without the admission event (the ASGI middleware
+        reports its own, once per request)."""
         priority = self._direct_priority(priority)
         wait = self.max_wait if max_wait is None else _check_wait(max_wait)
         if self._remote is not None:
@@ -273,11 +300,19 @@ class Bulkhead(PolicyBase):
         key = None if self._key is None else self._key(*args, **kwargs)
         if self._remote is not None:
             priority = self._call_priority(args, kwargs)
+            if self._listeners or GLOBAL_LISTENERS:
+                with self.acquire(key, priority=priority):
+                    return fn(*args, **kwargs)
             return self._remote.call(fn, key, priority, args, kwargs)
         n = self._slots.try_acquire(key)
         if not n:
+            started = self._now()
             self._wait(key, self._call_priority(args, kwargs), self.max_wait)
             n = self._limit
+            if self._listeners or GLOBAL_LISTENERS:
+                self._admitted(key, self._now() - started)
+        elif self._listeners or GLOBAL_LISTENERS:
+            self._admitted(key, 0.0)
         t0 = self._sample_start(n)
         try:
             return fn(*args, **kwargs)
@@ -292,11 +327,19 @@ class Bulkhead(PolicyBase):
         key = None if self._key is None else self._key(*args, **kwargs)
         if self._remote is not None:
             priority = self._call_priority(args, kwargs)
+            if self._listeners or GLOBAL_LISTENERS:
+                async with await self.acquire_async(key, priority=priority):
+                    return await fn(*args, **kwargs)
             return await self._remote.call_async(fn, key, priority, args, kwargs)
         n = self._slots.try_acquire(key)
         if not n:
+            started = self._now()
             await self._wait_async(key, self._call_priority(args, kwargs), self.max_wait)
             n = self._limit
+            if self._listeners or GLOBAL_LISTENERS:
+                self._admitted(key, self._now() - started)
+        elif self._listeners or GLOBAL_LISTENERS:
+            self._admitted(key, 0.0)
         t0 = self._sample_start(n)
         try:
             return await fn(*args, **kwargs)
@@ -308,14 +351,21 @@ class Bulkhead(PolicyBase):
             self._lock.acquire()
             try:
                 n = self._in_use.get(None, 0)
-                if n < self._limit:
+                free = n < self._limit
+                if free:
                     self._in_use[None] = n + 1
-                    return self
             finally:
                 self._lock.release()
+            if free:
+                if self._listeners or GLOBAL_LISTENERS:
+                    self._admitted(None, 0.0)
+                return self
+            started = self._now()
             self._wait(None, self._default_priority, self.max_wait)
+            if self._listeners or GLOBAL_LISTENERS:
+                self._admitted(None, self._now() - started)
             return self
-        permit = self._remote.acquire(None, self._default_priority, self.max_wait)
+        permit = self.acquire(None)
         _HELD.set((*_HELD.get(), permit))
         return self
 
@@ -349,14 +399,21 @@ class Bulkhead(PolicyBase):
             self._lock.acquire()
             try:
                 n = self._in_use.get(None, 0)
-                if n < self._limit:
+                free = n < self._limit
+                if free:
                     self._in_use[None] = n + 1
-                    return self
             finally:
                 self._lock.release()
+            if free:
+                if self._listeners or GLOBAL_LISTENERS:
+                    self._admitted(None, 0.0)
+                return self
+            started = self._now()
             await self._wait_async(None, self._default_priority, self.max_wait)
+            if self._listeners or GLOBAL_LISTENERS:
+                self._admitted(None, self._now() - started)
             return self
-        permit = await self._remote.acquire_async(None, self._default_priority, self.max_wait)
+        permit = await self.acquire_async(None)
         _HELD.set((*_HELD.get(), permit))
         return self
 
@@ -530,6 +587,12 @@ class Bulkhead(PolicyBase):
     def _sample_start(self, n: int) -> float | None:
         """Start a hold-time sample when this acquisition filled the last slot."""
         return self._now() if n == self._limit and self._slots.sampling else None
+
+    def _admitted(self, key: Hashable, waited: float) -> None:
+        """Report an admission after ``waited`` seconds (callers check for listeners)."""
+        self._emit(
+            CallAdmitted(policy=self.name, key=None if key is None else str(key), waited=waited)
+        )
 
     def _rejected(self, key: Hashable) -> BulkheadFull:
         slots = self._slots

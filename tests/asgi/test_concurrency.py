@@ -285,3 +285,30 @@ async def test_events_report_queue_wait_and_request_duration() -> None:
     completed = [e for e in events if isinstance(e, RequestCompleted)]
     assert [(e.policy, e.waited, e.priority) for e in admitted] == [("web", 0.0, 3)] * 2
     assert [(e.duration, e.outcome) for e in completed] == [(0.25, "completed"), (0.25, "error")]
+
+
+async def test_each_request_is_one_admission_in_the_metrics() -> None:
+    """The middleware reports each admitted request once (RequestAdmitted, with its
+    queueing time); the bulkhead's own CallAdmitted is not added on top."""
+    from resilience import add_listener, remove_listener
+    from resilience.observability import samples
+
+    app = ConcurrencyLimitMiddleware(ok_app, bulkhead=Bulkhead(2, name="slots"))
+    waits: list[float] = []
+    decisions: list[str] = []
+
+    def count(event: Any) -> None:
+        for series, value, labels in samples(event):
+            if series.name == "resilience.decisions":
+                decisions.append(labels[1])
+            elif series.name == "resilience.wait.duration":
+                waits.append(value)
+
+    add_listener(count)
+    try:
+        for _ in range(3):
+            assert (await call(app, http_scope())).status == 200
+    finally:
+        remove_listener(count)
+    assert decisions == ["admitted"] * 3
+    assert len(waits) == 3

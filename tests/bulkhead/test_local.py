@@ -189,16 +189,17 @@ async def test_async_decorator_and_async_with() -> None:
 
 
 def test_rejection_emits_call_rejected_event() -> None:
-    """A refusal emits CallRejected with the key, and counts in statistics()."""
+    """An admission emits CallAdmitted and a refusal CallRejected, with the key; both
+    count in statistics()."""
     bulkhead = rs.Bulkhead(1, name="downloads")
     events: list[rs.Event] = []
     bulkhead.add_listener(events.append)
     held = bulkhead.acquire_nowait("example.com")
     with pytest.raises(rs.BulkheadFull, match="downloads"):
         bulkhead.acquire_nowait("example.com")
-    assert [type(e) for e in events] == [rs.CallRejected]
-    assert events[0].key == "example.com"
-    assert events[0].policy == "downloads"
+    assert [type(e) for e in events] == [rs.CallAdmitted, rs.CallRejected]
+    assert [e.key for e in events] == ["example.com", "example.com"]
+    assert {e.policy for e in events} == {"downloads"}
     assert bulkhead.statistics().rejected == 1
     assert bulkhead.statistics("example.com").rejected == 1
     assert bulkhead.statistics("other").rejected == 0
@@ -604,3 +605,39 @@ def test_exit_without_enter_is_an_error_for_permits_only_once() -> None:
     assert "held" in repr(permit)
     permit.release()
     assert "released" in repr(permit)
+
+
+@pytest.mark.anyio
+async def test_every_admission_reports_how_long_it_waited() -> None:
+    """While anyone listens, each admission (``with``, ``call``, ``acquire``, async too)
+    reports its wait: 0.0 for a free slot, the queueing time otherwise."""
+    clock = FakeClock()
+    bulkhead = rs.Bulkhead(1, max_wait=10, clock=clock, name="db")
+    waits: list[float] = []
+
+    def on_event(event: rs.Event) -> None:
+        if isinstance(event, rs.CallAdmitted):
+            waits.append(event.waited)
+
+    bulkhead.add_listener(on_event)
+    with bulkhead:
+        pass
+    bulkhead.call(lambda: None)
+    async with bulkhead:
+        pass
+    await bulkhead.call_async(anyio.sleep, 0)
+    (await bulkhead.acquire_async()).release()
+    bulkhead.acquire().release()
+    assert waits == [0.0] * 6
+    holder = bulkhead.acquire()
+
+    async def release_later() -> None:
+        await anyio.sleep(0)
+        clock.advance(2.5)
+        holder.release()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(release_later)
+        async with bulkhead:  # waits for the holder: 2.5 s of virtual time
+            pass
+    assert waits[-1] == pytest.approx(2.5)
