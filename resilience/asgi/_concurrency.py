@@ -12,6 +12,7 @@ import anyio
 from .._clock import Clock
 from .._events import GLOBAL_LISTENERS, Listener
 from .._validate import check_callable, check_clock, check_int, check_number
+from ..bulkhead._bulkhead import Bulkhead
 from ..errors import BackendError, BulkheadFull, ConfigurationError, ResilienceError
 from ._base import Observed
 from ._events import RequestAdmitted, RequestCompleted
@@ -75,6 +76,9 @@ def header_priority(
     return priority
 
 
+#: ``max_queue="auto"``: at least this many may wait (more if the bulkhead has more slots).
+AUTO_QUEUE = 64
+
 #: The rank of a request without a priority: the bulkhead's default serves it.
 _URGENT = 0
 
@@ -122,10 +126,11 @@ class _Plan:
             )
         # The acquisition without the bulkhead's own admission event: the middleware
         # reports each request once (RequestAdmitted, with the time it queued).
+        # (A subclass that overrides acquire_async keeps its override.)
         quiet = getattr(bulkhead, "_acquire_quietly_async", None)
         self.acquire = (
             bulkhead.acquire_async
-            if quiet is None
+            if quiet is None or type(bulkhead).acquire_async is not Bulkhead.acquire_async
             else lambda key, *, priority=None, max_wait=None: quiet(key, priority, max_wait)
         )
         self.policy = str(getattr(bulkhead, "name", "Bulkhead"))
@@ -139,7 +144,7 @@ class _Plan:
         self.max_wait: float | None = check_number("max_wait", max_wait, allow_none=True)
         if max_queue == "auto":
             limit = getattr(bulkhead, "max_concurrent", None)
-            max_queue = limit if isinstance(limit, int) else None
+            max_queue = max(AUTO_QUEUE, limit) if isinstance(limit, int) else AUTO_QUEUE
         self.max_queue: int | None = check_int("max_queue", max_queue, allow_none=True)
         #: Requests of this plan now waiting for a slot, per key (absent: none).
         self.waiting: dict[str | None, list[_Waiter]] = {}
@@ -155,8 +160,8 @@ class ConcurrencyLimitMiddleware(Observed):
     ``priority`` (lower first: ``0`` interactive before ``10`` batch; an int, a
     ``scope -> int`` such as :func:`header_priority`, or per-route via ``rules``), and
     FIFO within a priority. The queue is short: bounded in time by ``max_wait`` and in
-    length by ``max_queue`` per key (default ``"auto"``: as many as the bulkhead's
-    ``max_concurrent``; ``None``: no length bound). When that many wait, a newcomer
+    length by ``max_queue`` per key (default ``"auto"``: the bulkhead's
+    ``max_concurrent``, at least 64; ``None``: no length bound). When that many wait, a newcomer
     more urgent than the least urgent waiter takes its place (the newest of the least
     urgent class is refused), any other newcomer gets a free slot or is refused at once.
     A request that does not get in is refused with ``503``,

@@ -75,13 +75,15 @@ class _Plan:
         self.limiter = limiter
         #: The limiter's own name: events carry it, so that they line up with its own.
         self.policy = str(getattr(limiter, "name", name))
-        # The limiter's decisions without its own admission events: the middleware
-        # reports admissions itself (RequestAdmitted), once per request.
-        self.acquire = getattr(limiter, "_decide_async", limiter.try_acquire_async)
+        # A RateLimiter's decisions without its own admission events: the middleware
+        # reports admissions itself (RequestAdmitted), once per request. A subclass or
+        # another limiter is called through its public methods (overrides included).
+        exact = type(limiter) is RateLimiter
+        self.acquire = limiter._decide_async if exact else limiter.try_acquire_async
         # An in-process limiter decides without I/O: call its sync twin and save the
         # coroutine (the limiter's own async shell does the same for local buckets).
         local = getattr(getattr(limiter, "_buckets", None), "local", False) is True
-        decide = getattr(limiter, "_decide", getattr(limiter, "try_acquire", None))
+        decide = limiter._decide if exact else getattr(limiter, "try_acquire", None)
         self.decide: Callable[[str, int], Any] | None = decide if local else None
         self.key = _as_key(key).func
         if callable(cost):

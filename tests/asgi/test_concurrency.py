@@ -79,7 +79,6 @@ async def test_queued_requests_are_served_by_priority() -> None:
         bulkhead=bulkhead,
         priority=header_priority("x-priority"),
         rules=[Rule("/reports/*", priority=10)],
-        max_queue=3,  # the default ("auto") would let only one wait beside the one slot
     )
     async with anyio.create_task_group() as tg:
         tg.start_soon(call, app, http_scope("/hold"))
@@ -152,9 +151,10 @@ async def test_an_urgent_newcomer_displaces_the_newest_least_urgent_waiter() -> 
     assert bulkhead.statistics().in_flight == 0
 
 
-async def test_by_default_the_queue_is_as_long_as_the_cap() -> None:
-    """200 requests at a cap of 2: two run, two wait, the other 196 are refused at once
-    (without waiting out ``max_wait``); ``max_queue=None`` lets all of them wait."""
+async def test_by_default_the_queue_is_bounded_too() -> None:
+    """200 requests at a cap of 2: two run, 64 wait (the default bound: the cap, at least
+    64), the other 134 are refused at once instead of waiting out ``max_wait``;
+    ``max_queue=None`` lifts the bound."""
     gate = Gate()
     bulkhead = Bulkhead(2, max_wait=60, clock=FakeClock())
     app = ConcurrencyLimitMiddleware(gate, bulkhead=bulkhead)
@@ -169,12 +169,12 @@ async def test_by_default_the_queue_is_as_long_as_the_cap() -> None:
         await wait_for(lambda: len(gate.entered) == 2)
         for index in range(198):
             tg.start_soon(one, f"/{index}")
-        await wait_for(lambda: len(statuses) == 196)
-        assert bulkhead.statistics().waiting == 2
+        await wait_for(lambda: len(statuses) == 134)
+        assert bulkhead.statistics().waiting == 64
         assert set(statuses) == {503}
         gate.release.set()
-    assert sorted(statuses) == [200] * 4 + [503] * 196
-    unbounded = ConcurrencyLimitMiddleware(ok_app, bulkhead=Bulkhead(1), max_queue=None)
+    assert sorted(statuses) == [200] * 66 + [503] * 134
+    unbounded = ConcurrencyLimitMiddleware(gate, bulkhead=Bulkhead(1), max_queue=None)
     assert (await call(unbounded, http_scope())).status == 200
 
 

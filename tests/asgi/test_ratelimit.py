@@ -454,3 +454,19 @@ async def test_each_request_is_one_decision_in_the_metrics(cost: int) -> None:
         rs.remove_listener(count)
     assert statuses == [200] * (4 // cost) + [429]
     assert outcomes == ["admitted"] * (4 // cost) + ["rejected"]
+
+
+async def test_a_limiter_subclass_is_called_through_its_own_methods() -> None:
+    """A RateLimiter subclass overriding try_acquire sees every decision, with the
+    hashed key (the lean paths are kept for the exact class)."""
+    keys: list[object] = []
+
+    class Spy(RateLimiter):
+        def try_acquire(self, key: Any = None, cost: int = 1) -> Any:
+            keys.append(key)
+            return super().try_acquire(key, cost)
+
+    app = RateLimitMiddleware(ok_app, limiter=Spy("100/s"))
+    assert (await call(app, http_scope(client=("203.0.113.9", 1)))).status == 200
+    assert len(keys) == 1
+    assert "203.0.113.9" not in str(keys[0])
