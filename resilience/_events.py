@@ -316,3 +316,10 @@ class Observable:
 
     def _emit(self, event: Event) -> None:
         emit(self._listeners, event)
+
+    def _report_admission(self, key: object, waited: float) -> None:
+        """Emit :class:`CallAdmitted` for ``key`` after ``waited`` seconds (a limiter's
+        or a bulkhead's admission; callers check that anyone listens first)."""
+        self._emit(
+            CallAdmitted(policy=self.name, key=None if key is None else str(key), waited=waited)
+        )

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from .. import _deadline
 from .._clock import SYSTEM_CLOCK, Clock
-from .._events import GLOBAL_LISTENERS, CallAdmitted, CallRejected
+from .._events import GLOBAL_LISTENERS, CallRejected
 from .._policy import PolicyBase
 from .._validate import check_callable, check_choice, check_clock, check_int, check_number
 from ..errors import BulkheadFull
@@ -213,7 +213,7 @@ class Bulkhead(PolicyBase):
                 raise self._rejected(key)
             permit = Permit(self, key, self._sample_start(n))
         if self._listeners or GLOBAL_LISTENERS:
-            self._admitted(key, 0.0)
+            self._report_admission(key, 0.0)
         return permit
 
     def acquire(
@@ -233,7 +233,7 @@ class Bulkhead(PolicyBase):
             return self._acquire_quietly(key, priority, max_wait)
         started = self._now()
         permit = self._acquire_quietly(key, priority, max_wait)
-        self._admitted(key, self._now() - started)
+        self._report_admission(key, self._now() - started)
         return permit
 
     def _acquire_quietly(
@@ -266,7 +266,7 @@ class Bulkhead(PolicyBase):
             return await self._acquire_quietly_async(key, priority, max_wait)
         started = self._now()
         permit = await self._acquire_quietly_async(key, priority, max_wait)
-        self._admitted(key, self._now() - started)
+        self._report_admission(key, self._now() - started)
         return permit
 
     async def _acquire_quietly_async(
@@ -310,9 +310,9 @@ class Bulkhead(PolicyBase):
             self._wait(key, self._call_priority(args, kwargs), self.max_wait)
             n = self._limit
             if self._listeners or GLOBAL_LISTENERS:
-                self._admitted(key, self._now() - started)
+                self._report_admission(key, self._now() - started)
         elif self._listeners or GLOBAL_LISTENERS:
-            self._admitted(key, 0.0)
+            self._report_admission(key, 0.0)
         t0 = self._sample_start(n)
         try:
             return fn(*args, **kwargs)
@@ -337,9 +337,9 @@ class Bulkhead(PolicyBase):
             await self._wait_async(key, self._call_priority(args, kwargs), self.max_wait)
             n = self._limit
             if self._listeners or GLOBAL_LISTENERS:
-                self._admitted(key, self._now() - started)
+                self._report_admission(key, self._now() - started)
         elif self._listeners or GLOBAL_LISTENERS:
-            self._admitted(key, 0.0)
+            self._report_admission(key, 0.0)
         t0 = self._sample_start(n)
         try:
             return await fn(*args, **kwargs)
@@ -358,12 +358,12 @@ class Bulkhead(PolicyBase):
                 self._lock.release()
             if free:
                 if self._listeners or GLOBAL_LISTENERS:
-                    self._admitted(None, 0.0)
+                    self._report_admission(None, 0.0)
                 return self
             started = self._now()
             self._wait(None, self._default_priority, self.max_wait)
             if self._listeners or GLOBAL_LISTENERS:
-                self._admitted(None, self._now() - started)
+                self._report_admission(None, self._now() - started)
             return self
         permit = self.acquire(None)
         _HELD.set((*_HELD.get(), permit))
@@ -406,12 +406,12 @@ class Bulkhead(PolicyBase):
                 self._lock.release()
             if free:
                 if self._listeners or GLOBAL_LISTENERS:
-                    self._admitted(None, 0.0)
+                    self._report_admission(None, 0.0)
                 return self
             started = self._now()
             await self._wait_async(None, self._default_priority, self.max_wait)
             if self._listeners or GLOBAL_LISTENERS:
-                self._admitted(None, self._now() - started)
+                self._report_admission(None, self._now() - started)
             return self
         permit = await self.acquire_async(None)
         _HELD.set((*_HELD.get(), permit))
@@ -587,12 +587,6 @@ class Bulkhead(PolicyBase):
     def _sample_start(self, n: int) -> float | None:
         """Start a hold-time sample when this acquisition filled the last slot."""
         return self._now() if n == self._limit and self._slots.sampling else None
-
-    def _admitted(self, key: Hashable, waited: float) -> None:
-        """Report an admission after ``waited`` seconds (callers check for listeners)."""
-        self._emit(
-            CallAdmitted(policy=self.name, key=None if key is None else str(key), waited=waited)
-        )
 
     def _rejected(self, key: Hashable) -> BulkheadFull:
         slots = self._slots

@@ -17,7 +17,7 @@ from typing import Any, Final, ParamSpec, TypeVar, cast
 
 from .._clock import Clock
 from .._deadline import clamp
-from .._events import GLOBAL_LISTENERS, CallAdmitted, CallRejected
+from .._events import GLOBAL_LISTENERS, CallRejected
 from .._policy import PolicyBase, decorate
 from .._validate import check_callable, check_choice, check_clock, check_int, check_number
 from ..backends._failover import MODES, Failover
@@ -261,12 +261,6 @@ class RateLimiter(PolicyBase):
             self._refused(key, decision.retry_after)
         return decision
 
-    def _admitted_event(self, key: Hashable, waited: float) -> None:
-        """Report an admission (callers check that anyone listens first)."""
-        self._emit(
-            CallAdmitted(policy=self.name, key=None if key is None else str(key), waited=waited)
-        )
-
     def _polling_delay(self, decision: Decision, budget_us: int) -> float | None:
         # Window algorithms cannot reserve: when the refusal will lift within the budget,
         # the shell sleeps retry_after and asks again. GCRA decisions never get here.
@@ -293,7 +287,7 @@ class RateLimiter(PolicyBase):
         """
         decision = self._decide(key, cost)
         if decision.allowed and (self._listeners or GLOBAL_LISTENERS):
-            self._admitted_event(self._key if key is None else key, 0.0)
+            self._report_admission(self._key if key is None else key, 0.0)
         return decision
 
     async def try_acquire_async(self, key: Hashable = None, cost: int = 1) -> Decision:
@@ -303,7 +297,7 @@ class RateLimiter(PolicyBase):
         """
         decision = await self._decide_async(key, cost)
         if decision.allowed and (self._listeners or GLOBAL_LISTENERS):
-            self._admitted_event(self._key if key is None else key, 0.0)
+            self._report_admission(self._key if key is None else key, 0.0)
         return decision
 
     # The decisions themselves, counted, refusals reported: what try_acquire() and the
@@ -357,7 +351,7 @@ class RateLimiter(PolicyBase):
             budget -= _wait_us(delay)
         self._admitted += 1
         if self._listeners or GLOBAL_LISTENERS:
-            self._admitted_event(key, decision.wait)
+            self._report_admission(key, decision.wait)
         if decision.wait > 0:
             self._waited += 1
             self._clock.sleep(decision.wait)
@@ -391,7 +385,7 @@ class RateLimiter(PolicyBase):
             budget -= _wait_us(delay)
         self._admitted += 1
         if self._listeners or GLOBAL_LISTENERS:
-            self._admitted_event(key, decision.wait)
+            self._report_admission(key, decision.wait)
         if decision.wait > 0:
             self._waited += 1
             await self._clock.sleep_async(decision.wait)
@@ -411,7 +405,7 @@ class RateLimiter(PolicyBase):
             if wait:
                 raise self._refused(None, -wait)
             if self._listeners or GLOBAL_LISTENERS:
-                self._admitted_event(None, 0.0)
+                self._report_admission(None, 0.0)
             return fn(*args, **kwargs)
         key_fn = self._key_fn
         key = self._key if key_fn is None else key_fn(*args, **kwargs)
@@ -421,7 +415,7 @@ class RateLimiter(PolicyBase):
             if wait < 0:
                 raise self._refused(key, -wait)
             if self._listeners or GLOBAL_LISTENERS:
-                self._admitted_event(key, wait)
+                self._report_admission(key, wait)
             if wait:
                 self._waited += 1
                 self._clock.sleep(wait)
@@ -437,7 +431,7 @@ class RateLimiter(PolicyBase):
             if wait:
                 raise self._refused(None, -wait)
             if self._listeners or GLOBAL_LISTENERS:
-                self._admitted_event(None, 0.0)
+                self._report_admission(None, 0.0)
             return await fn(*args, **kwargs)
         key_fn = self._key_fn
         key = self._key if key_fn is None else key_fn(*args, **kwargs)
@@ -447,7 +441,7 @@ class RateLimiter(PolicyBase):
             if wait < 0:
                 raise self._refused(key, -wait)
             if self._listeners or GLOBAL_LISTENERS:
-                self._admitted_event(key, wait)
+                self._report_admission(key, wait)
             if wait:
                 self._waited += 1
                 await self._clock.sleep_async(wait)
@@ -481,7 +475,7 @@ class RateLimiter(PolicyBase):
         return cast(Callable[P, T], self._decorate_keyed(fn, admit))
 
     def _decorate_unkeyed(self, fn: Callable[P, T], admit_one: Callable[[], float]) -> Any:
-        refused, admitted = self._refused, self._admitted_event
+        refused, admitted = self._refused, self._report_admission
         listeners = self._listeners  # mutated in place, never rebound
         if inspect.iscoroutinefunction(fn):
             afn = cast(Callable[..., Awaitable[Any]], fn)
@@ -511,7 +505,7 @@ class RateLimiter(PolicyBase):
     def _decorate_keyed(
         self, fn: Callable[P, T], admit: Callable[[Hashable, int, int], float]
     ) -> Any:
-        refused, admitted = self._refused, self._admitted_event
+        refused, admitted = self._refused, self._report_admission
         listeners = self._listeners  # mutated in place, never rebound
         key_fn = self._key_fn
         if key_fn is None:
