@@ -67,10 +67,8 @@ def time_remaining() -> float | None:
         with rs.deadline(2.0):
             left = rs.time_remaining()   # about 2.0
     """
-    current = _DEADLINE.get()
-    if current is None or current.at == math.inf:
-        return None
-    return current.remaining()
+    current = current_deadline()
+    return None if current is None else current.remaining()
 
 
 def clamp(seconds: float) -> float:

@@ -69,14 +69,12 @@ class BoundedMap(Generic[K, V]):
                 data.move_to_end(key)
                 data[key] = (item[0], now)
                 value = item[0]
-            elif item is not None:
-                # Idle past idle_ttl but not swept yet: it expired all the same, so the
-                # key starts afresh, exactly as if the sweep had reached it first.
-                del data[key]
-                self.evictions += 1
-                value = self._factory(key)
-                data[key] = (value, now)
             else:
+                if item is not None:
+                    # Idle past idle_ttl but not swept yet: it expired all the same, so
+                    # the key starts afresh, as if the sweep had reached it first.
+                    del data[key]
+                    self.evictions += 1
                 value = self._factory(key)
                 data[key] = (value, now)
                 if len(data) > self.max_keys:

@@ -145,6 +145,8 @@ class _Plan:
         if max_queue == "auto":
             limit = getattr(bulkhead, "max_concurrent", None)
             max_queue = max(AUTO_QUEUE, limit) if isinstance(limit, int) else AUTO_QUEUE
+        elif isinstance(max_queue, str):
+            raise ConfigurationError(f"max_queue must be an int, 'auto' or None, got {max_queue!r}")
         self.max_queue: int | None = check_int("max_queue", max_queue, allow_none=True)
         #: Requests of this plan now waiting for a slot, per key (absent: none).
         self.waiting: dict[str | None, list[_Waiter]] = {}
@@ -226,8 +228,6 @@ class ConcurrencyLimitMiddleware(Observed):
             exempt = [exempt]
         self._exempt_path = path_predicate(list(exempt))
         self._exempt_when = check_callable("exempt_when", exempt_when)
-        if isinstance(max_queue, str) and max_queue != "auto":
-            raise ConfigurationError(f"max_queue must be an int, 'auto' or None, got {max_queue!r}")
         self._default = _Plan(bulkhead, key, priority, max_wait, max_queue)
         matcher = Matcher(rules, allowed=_ALLOWED, owner="ConcurrencyLimitMiddleware")
         plans: list[_Plan | None] = []
@@ -295,10 +295,7 @@ class ConcurrencyLimitMiddleware(Observed):
         started = self._clock.monotonic() if observed else 0.0
         try:
             if plan.max_queue is None:
-                if plan.max_wait is None:
-                    permit = await plan.acquire(key, priority=priority)
-                else:
-                    permit = await plan.acquire(key, priority=priority, max_wait=plan.max_wait)
+                permit = await plan.acquire(key, priority=priority, max_wait=plan.max_wait)
             else:
                 permit = await self._acquire_queued(plan, key, priority)
         except (BulkheadFull, BackendError) as exc:
@@ -368,8 +365,6 @@ class ConcurrencyLimitMiddleware(Observed):
         queue.append(waiter)
         try:
             with waiter.scope:
-                if plan.max_wait is None:
-                    return await plan.acquire(key, priority=priority)
                 return await plan.acquire(key, priority=priority, max_wait=plan.max_wait)
         finally:
             if not waiter.evicted:

@@ -68,11 +68,11 @@ class TimeoutMiddleware(Observed):
         for rule in matcher.rules:
             if rule.seconds is not UNSET:
                 check_number("Rule.seconds", rule.seconds, strict=True, allow_none=True)
-            if any(kind != "http" for kind in rule.scopes):
+            others = [kind for kind in rule.scopes if kind != "http"]
+            if others:
                 raise ConfigurationError(
-                    f"TimeoutMiddleware times HTTP requests only; {rule!r} names "
-                    f"{[kind for kind in rule.scopes if kind != 'http']} (websocket sessions "
-                    "are long-lived by design and pass through)"
+                    f"TimeoutMiddleware times HTTP requests only; {rule!r} names {others} "
+                    "(websocket sessions are long-lived by design and pass through)"
                 )
         self._match = matcher if matcher.rules else None
         self.name = name

@@ -24,6 +24,7 @@ from collections.abc import Generator, Iterator
 import pytest
 
 from .._chaos._switch import enabled as chaos_enabled
+from ..errors import ConfigurationError
 from ._chaos_fixtures import FaultProxyFactory, FaultsFixture, seed_for
 from ._fake_clock import FakeClock
 from ._redis import RedisServer, RedisUnavailable
@@ -51,14 +52,12 @@ def spawn_redis(**kwargs: object) -> RedisServer:
 
 
 def _seed_option(value: str) -> str:
-    """``--chaos-seed`` is checked when pytest parses it: an integer or ``random``."""
-    if value.strip().lower() != "random":
-        try:
-            int(value)
-        except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"expected an integer or 'random', got {value!r}"
-            ) from None
+    """``--chaos-seed`` is checked when pytest parses it, by :func:`seed_for`."""
+    try:
+        seed_for("", value)
+    except ConfigurationError:
+        message = f"expected an integer or 'random', got {value!r}"
+        raise argparse.ArgumentTypeError(message) from None
     return value
 
 
