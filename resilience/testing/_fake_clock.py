@@ -97,10 +97,24 @@ class FakeClock:
         self.advance(seconds)
 
     async def sleep_async(self, seconds: float) -> None:
-        """Advance the clock by ``seconds`` at once, then yield to the event loop once."""
+        """Advance the clock by ``seconds`` at once, then yield to the event loop once.
+
+        A sleep cut short ends where a real one would: when a timer fired on the way
+        (a :class:`resilience.Timeout`'s deadline) cancels the sleeping task, the clock
+        stops at that timer's time and the cancellation is raised there.
+        """
         seconds = max(float(seconds), 0.0)
         self.sleeps.append(seconds)
-        self.advance(seconds)
+        target = self._now + seconds
+        while True:
+            with self._lock:
+                timers = self._timers
+                due = timers[0].when if timers and timers[0].when <= target else None
+            if due is None:
+                break
+            self.advance(max(0.0, due - self._now))
+            await anyio.lowlevel.checkpoint_if_cancelled()
+        self.advance(max(0.0, target - self._now))
         await anyio.lowlevel.checkpoint()
 
     def call_at(self, when: float, callback: Callable[[], object]) -> TimerHandle:

@@ -26,6 +26,23 @@ async def test_async_call_is_cancelled_at_the_virtual_limit(fake_clock: FakeCloc
         await slow()
     assert isinstance(caught.value, TimeoutError)
     assert not finished
+    assert fake_clock.monotonic() == 1.0
+
+
+@pytest.mark.anyio
+async def test_a_sleep_cut_by_the_limit_stops_the_fake_clock_there(fake_clock: FakeClock) -> None:
+    """A virtual sleep that a Timeout cuts ends at the deadline, as a real one would;
+    the sleeps of a second call run on from there."""
+    timeout = rs.Timeout(2.0, clock=fake_clock)
+    for expected in (2.0, 4.0):
+        with pytest.raises(rs.Timeout):
+            async with timeout:
+                await fake_clock.sleep_async(30)
+        assert fake_clock.monotonic() == expected
+    fired: list[float] = []
+    fake_clock.call_at(5.0, lambda: fired.append(fake_clock.monotonic()))
+    await fake_clock.sleep_async(3)  # a timer that cancels nothing does not stop a sleep
+    assert (fired, fake_clock.monotonic()) == ([5.0], 7.0)
 
 
 @pytest.mark.anyio
