@@ -221,7 +221,7 @@ class RateLimiter(PolicyBase):
         else:
             from ._redis import RedisBuckets
 
-            primary = RedisBuckets(backend, self._gcra, self._clock, namespace=self.name)
+            primary = RedisBuckets(backend, self._gcra, namespace=self.name)
             twin_burst = self.burst
             if local_rate is not None:
                 ratio = twin_rate.per_second / self.rate.per_second

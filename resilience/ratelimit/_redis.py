@@ -9,16 +9,17 @@ binary user keys hashed) and expire (``PX``) when the bucket is full again.
 **Denial cache.** A refusal says "not before ``retry_after``". Until then, the same or a
 costlier request for that key is refused locally, with no round trip. The cache is
 conservative (its deadline is measured from when the reply arrived, never earlier than
-Redis' own), so it never admits anything Redis would refuse.
+Redis' own, in real time like Redis' clock), so it never admits anything Redis would
+refuse.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Hashable
 from importlib import resources
 from typing import Any
 
-from .._clock import Clock
 from ..backends._redis import PreparedCall, RedisBackend
 from ._gcra import GCRA, Decision, make_decision
 
@@ -37,9 +38,14 @@ class RedisBuckets:
     answers) and return a :class:`Decision`; backend failures raise
     :class:`~resilience.BackendError` for the failure-mode layer above.
 
+    The denial cache keeps a refusal until its ``retry_after`` has passed in real
+    (monotonic) time, not on the limiter's clock: the state it stands for lives on
+    Redis, which counts real time, so a test on a :class:`FakeClock` that really waits
+    out a refusal is not refused again from the cache.
+
     Example::
 
-        buckets = RedisBuckets(backend, GCRA(Rate(10, 1), 10), rs.SYSTEM_CLOCK, namespace="api")
+        buckets = RedisBuckets(backend, GCRA(Rate(10, 1), 10), namespace="api")
         decision = buckets.take("alice", 1, 0)
     """
 
@@ -70,7 +76,6 @@ class RedisBuckets:
         self,
         backend: RedisBackend,
         gcra: GCRA,
-        clock: Clock,
         *,
         namespace: str,
         denial_cache_size: int = 10_000,
@@ -89,7 +94,7 @@ class RedisBuckets:
         self._emission_us, self._tolerance_us = eq, tq
         self._frac = () if er == 0 else (er, d, tr)
         self._burst = gcra.burst
-        self._monotonic = clock.monotonic
+        self._monotonic = time.monotonic
         params = f"{gcra.rate.amount}/{gcra.rate.period_us}/{gcra.burst}"
         self._namespace = ("rl", namespace, params)
         self._unkeyed = backend.key(*self._namespace)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 import resilience as rs
@@ -103,9 +105,27 @@ def test_denial_cache_answers_repeat_refusals_locally(redis_server: RedisServer)
     assert repeats[-1].retry_after <= first_refusal.retry_after
     assert limiter.try_acquire("bob", cost=0).allowed  # a peek still asks Redis
     assert limiter.try_acquire("carol").allowed  # other keys are unaffected
-    clock.advance(first_refusal.retry_after)  # the local cache expires on the limiter clock
-    limiter.try_acquire("bob")
-    assert redis_server.commandstats()["evalsha"] == 3
+    clock.advance(first_refusal.retry_after)  # Redis counts real time, and so does the cache
+    assert not limiter.try_acquire("bob")
+    assert redis_server.commandstats()["evalsha"] == 2
+
+
+def test_denial_cache_expires_in_real_time_like_redis(redis_server: RedisServer) -> None:
+    """A refusal really waited out is not refused again from the cache, even when the
+    limiter runs on a FakeClock (Redis' TIME is real, whatever the limiter's clock)."""
+    limiter = rs.RateLimiter(
+        "20/s",
+        burst=1,
+        backend=RedisBackend.from_url(redis_server.url, timeout=1.0),
+        clock=FakeClock(),
+    )
+    assert limiter.try_acquire("k")
+    refusal = limiter.try_acquire("k")
+    assert not refusal
+    assert not limiter.try_acquire("k")
+    assert limiter.statistics().denial_cache_hits == 1
+    time.sleep(refusal.retry_after + 0.01)  # Redis time cannot be faked: wait it out
+    assert limiter.try_acquire("k")
 
 
 @pytest.mark.anyio
