@@ -7,10 +7,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from ._clock import Clock
 from ._events import FallbackUsed
 from ._matching import ExceptionMatcher
 from ._policy import PolicyBase
 from ._timeout import Timeout
+from ._validate import check_clock
 from .errors import Rejected
 
 __all__ = ["Fallback", "FallbackStatistics"]
@@ -40,6 +42,8 @@ class Fallback(PolicyBase):
     bulkhead or an open breaker, or ran out of time. Pass exception types or a
     predicate to widen it. Errors not matched propagate unchanged.
 
+    ``clock=`` is accepted like on every policy and checked; a fallback reads no time.
+
     Example::
 
         @rs.Fallback(lambda exc: {"summary": None, "degraded": True})
@@ -52,9 +56,11 @@ class Fallback(PolicyBase):
         value_or_callable: Any,
         *,
         on: Any = (Rejected, Timeout),
+        clock: Clock | None = None,
         name: str | None = None,
     ) -> None:
         super().__init__(name=name)
+        self._clock: Clock = check_clock("clock", clock)
         self._matches = ExceptionMatcher("on", on)
         self._callable = callable(value_or_callable)
         self._value = value_or_callable

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, ParamSpec, Protocol, TypeVar, cast, runtime_checkable
 
 from . import _deferred
+from ._clock import Clock
 from ._events import Observable
 
 __all__ = ["Pipeline", "PipelineStatistics", "Policy", "PolicyBase", "decorate"]
@@ -167,6 +168,9 @@ class Pipeline(PolicyBase):
     per-attempt ``Timeout`` inside a ``Retry`` with no total deadline anywhere (the
     call can take ``attempts × timeout`` plus sleeps).
 
+    ``clock=`` is accepted like on every policy and checked; the pipeline itself reads
+    no time (its policies keep the clocks they were built with).
+
     Example::
 
         resilient = rs.Pipeline(
@@ -179,8 +183,11 @@ class Pipeline(PolicyBase):
         def lookup(key: str) -> str: ...
     """
 
-    def __init__(self, *policies: Any, name: str | None = None) -> None:
+    def __init__(self, *policies: Any, clock: Clock | None = None, name: str | None = None) -> None:
         super().__init__(name=name)
+        from ._validate import check_clock  # _validate imports errors, which import this
+
+        self._clock: Clock = check_clock("clock", clock)
         flat: list[Policy] = []
         for policy in policies:
             if isinstance(policy, Pipeline):

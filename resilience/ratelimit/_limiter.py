@@ -169,6 +169,13 @@ class RateLimiter(PolicyBase):
             self._key_fn: Callable[..., Hashable] | None = check_callable("key", key)
             self._key: Hashable = None
         else:
+            try:
+                hash(key)
+            except TypeError:
+                raise ConfigurationError(
+                    f"key must be hashable (one bucket for every call) or a function of "
+                    f"the call's arguments, got {key!r}"
+                ) from None
             self._key_fn = None
             self._key = key
         self._gcra = GCRA(self.rate, self.burst)

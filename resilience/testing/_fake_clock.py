@@ -77,18 +77,26 @@ class FakeClock:
         if seconds < 0:
             raise ValueError(f"time never goes back: advance({seconds!r})")
         with self._lock:
-            target = self._now + seconds
-            while self._timers and self._timers[0].when <= target:
-                timer = heapq.heappop(self._timers)
-                if timer.cancelled:
-                    continue
-                self._now = max(self._now, timer.when)
-                timer.callback()
-            self._now = target
+            self._run_to(self._now + seconds)
 
     def set(self, now: float) -> None:
-        """Jump to absolute time ``now`` (which must not be in the past)."""
-        self.advance(now - self._now)
+        """Jump to absolute time ``now`` (which must not be in the past), firing due timers.
+
+        Afterwards ``monotonic() == now`` exactly (no rounding from adding differences).
+        """
+        with self._lock:
+            if now < self._now:
+                raise ValueError(f"time never goes back: set({now!r}) at {self._now!r}")
+            self._run_to(float(now))
+
+    def _run_to(self, target: float) -> None:
+        while self._timers and self._timers[0].when <= target:
+            timer = heapq.heappop(self._timers)
+            if timer.cancelled:
+                continue
+            self._now = max(self._now, timer.when)
+            timer.callback()
+        self._now = max(self._now, target)
 
     def sleep(self, seconds: float) -> None:
         """Advance the clock by ``seconds`` at once and return."""
@@ -109,12 +117,11 @@ class FakeClock:
         while True:
             with self._lock:
                 timers = self._timers
-                due = timers[0].when if timers and timers[0].when <= target else None
-            if due is None:
-                break
-            self.advance(max(0.0, due - self._now))
+                if not timers or timers[0].when > target:
+                    self._run_to(target)
+                    break
+                self._run_to(timers[0].when)
             await anyio.lowlevel.checkpoint_if_cancelled()
-        self.advance(max(0.0, target - self._now))
         await anyio.lowlevel.checkpoint()
 
     def call_at(self, when: float, callback: Callable[[], object]) -> TimerHandle:

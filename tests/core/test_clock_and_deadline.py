@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
 
 import resilience as rs
 from resilience.testing import FakeClock
@@ -29,6 +31,25 @@ def test_fake_clock_fires_timers_in_order() -> None:
     clock.call_at(1.5, lambda: fired.append(("x", 0))).cancel()
     clock.advance(3)
     assert fired == [("a", 1.0), ("b", 2.0)]
+
+
+@given(st.lists(st.floats(min_value=0, max_value=1e6), max_size=20))
+@example([0.237, 1.26])  # 0.237 + (1.26 - 0.237) == 1.2600000000000002
+def test_fake_clock_set_is_absolute(times: list[float]) -> None:
+    """set(t) leaves the clock at exactly t (no drift from adding differences), may
+    repeat the present, fires the timers due by then, and refuses the past."""
+    clock = FakeClock()
+    fired: list[float] = []
+    for when in times:
+        clock.call_at(when, lambda when=when: fired.append(when))
+    for now in sorted(times):
+        clock.set(now)
+        clock.set(now)
+        assert clock.monotonic() == now
+    assert fired == sorted(times)
+    if times and max(times) > 0:
+        with pytest.raises(ValueError, match="never goes back"):
+            clock.set(max(times) / 2)
 
 
 @pytest.mark.anyio
@@ -68,6 +89,8 @@ def test_negative_deadline_is_refused() -> None:
         lambda clock: rs.CircuitBreaker(clock=clock),
         lambda clock: rs.RetryBudget(clock=clock),
         lambda clock: rs.Faults(latency=0.01, latency_rate=0.5, clock=clock),
+        lambda clock: rs.Fallback(None, clock=clock),
+        lambda clock: rs.Pipeline(rs.Timeout(1), clock=clock),
     ],
 )
 def test_every_policy_refuses_a_clock_that_is_not_one(build: object) -> None:

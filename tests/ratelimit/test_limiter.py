@@ -59,6 +59,7 @@ def test_burst_defaults_to_amount_and_can_be_set() -> None:
         ({"rate": "5/s", "local_rate": "garbage"}, "garbage"),
         ({"rate": "5/s", "clock": "x"}, "clock"),
         ({"rate": "5/s", "name": 5}, "name"),
+        ({"rate": "5/s", "key": ["tenant"]}, "key must be hashable"),
     ],
 )
 def test_bad_arguments_fail_at_construction(kwargs: dict[str, object], word: str) -> None:
