@@ -150,7 +150,7 @@ class ConfigurationError(ResilienceError, ValueError):
 
         >>> rs.Retry(on=OSError, attempts=0)
         Traceback (most recent call last):
-        ConfigurationError: attempts must be an integer >= 1, got 0
+        resilience.errors.ConfigurationError: attempts must be an integer >= 1, got 0
     """
 
 

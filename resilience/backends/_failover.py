@@ -68,8 +68,8 @@ class Failover:
         if failover.use_backend():
             ...
         print(failover.statistics())
-        # {'backend_healthy': True, 'backend_errors': 0, 'fallback_decisions': 0,
-        #  'backend_recoveries': 0}
+        # {'on_backend_error': 'local', 'backend_healthy': True, 'backend_errors': 0,
+        #  'fallback_decisions': 0, 'backend_recoveries': 0}
     """
 
     __slots__ = (

@@ -248,7 +248,7 @@ def histogram_quantile(q: float, bounds: Sequence[float], counts: Sequence[float
 
     Example::
 
-        >>> histogram_quantile(0.5, [0.1, 0.2], [0, 10, 0])
+        >>> round(histogram_quantile(0.5, [0.1, 0.2], [0, 10, 0]), 6)
         0.15
     """
     if not 0 <= q <= 1:

@@ -573,8 +573,9 @@ class RateLimiter(PolicyBase):
 
         Example::
 
-            >>> limiter.statistics().rejected
-            3
+            limiter = rs.RateLimiter("1/min")
+            [limiter.try_acquire() for _ in range(4)]
+            limiter.statistics().rejected   # 3
         """
         fields: dict[str, Any] = {
             "name": self.name,
