@@ -14,7 +14,7 @@ import argparse
 import asyncio
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 
@@ -76,6 +76,31 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _positive(kind: type[int] | type[float]) -> Callable[[str], Any]:
+    """An argparse type: a number of ``kind`` above zero."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
+        return value
+
+    return parse
+
+
+def _modes(text: str) -> tuple[str, ...]:
+    modes = tuple(m.strip() for m in text.split(",") if m.strip())
+    unknown = [m for m in modes if m not in ("naive", "resilient")]
+    if not modes or unknown:
+        raise argparse.ArgumentTypeError(
+            f"a comma-separated list of naive and resilient, got {text!r}"
+        )
+    return modes
+
+
 def _demo(args: argparse.Namespace) -> int:
     from .demo import DemoOptions, run_demo
 
@@ -86,7 +111,7 @@ def _demo(args: argparse.Namespace) -> int:
         workers=args.workers,
         out=args.out,
         seed=args.seed,
-        modes=tuple(args.modes.split(",")),
+        modes=args.modes,
         live=not args.no_live,
     )
     return run_demo(options)
@@ -99,12 +124,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     demo = commands.add_parser("demo", help="run the chaos demo and write the report")
     demo.add_argument("--quick", action="store_true", help="short phases (about 80 s in all)")
-    demo.add_argument("--duration", type=float, default=None, help="seconds per resilient run")
+    demo.add_argument(
+        "--duration", type=_positive(float), default=None, help="seconds per resilient run"
+    )
     demo.add_argument("--redis", default=None, help="redis://... or 'auto' (private server)")
-    demo.add_argument("--workers", type=int, default=1, help="service processes (needs --redis)")
+    demo.add_argument(
+        "--workers", type=_positive(int), default=1, help="service processes (needs --redis)"
+    )
     demo.add_argument("--out", default="summarizer-report", help="report directory")
     demo.add_argument("--seed", type=int, default=1)
-    demo.add_argument("--modes", default="naive,resilient", help="which runs, in order")
+    demo.add_argument(
+        "--modes", type=_modes, default=("naive", "resilient"), help="which runs, in order"
+    )
     demo.add_argument("--no-live", action="store_true", help="no live progress display")
     demo.set_defaults(func=_demo)
 

@@ -82,15 +82,31 @@ def recovery_time(
 ) -> dict[str, Any]:
     """Seconds from ``cleared_at`` to the end of the first sample window in which the
     dependency answered successfully again: at least one success, and at least 90% of
-    its answers in that window successes (see the module docstring)."""
+    its answers in that window successes (see the module docstring).
+
+    ``{"seconds": None}`` when it never did; ``{"seconds": None, "unused": True}`` when
+    the run sent it nothing after ``cleared_at`` (nothing to measure: the naive
+    pipeline never calls the cheap model tier, for one)."""
     points = [(s["t"], a) for s in samples if (a := _answers(s, target, name)) is not None]
-    for (t0, (ok0, all0)), (t1, (ok1, all1)) in itertools.pairwise(points):
-        if t0 < cleared_at:
-            continue
+    after = [(t, answers) for t, answers in points if t >= cleared_at]
+    if len(after) < 2 or after[-1][1][1] == after[0][1][1]:
+        return {"seconds": None, "unused": True}
+    for (t0, (ok0, all0)), (t1, (ok1, all1)) in itertools.pairwise(after):
         ok, total = ok1 - ok0, all1 - all0
         if ok >= 1 and ok >= 0.9 * total:
             return {"seconds": round(t1 - cleared_at, 2), "window": [t0, t1]}
     return {"seconds": None}
+
+
+def recovery_text(recovery: dict[str, Any]) -> str:
+    """A recovery as the tables print it: ``2.6 s``, ``-`` (not within the run) or
+    ``unused`` (no traffic to measure it by)."""
+    if recovery.get("unused"):
+        return "unused"
+    seconds = recovery.get("seconds")
+    if seconds is None:
+        return "-"
+    return f"{seconds:.0f} s" if seconds >= 10 else f"{seconds:.1f} s"
 
 
 def _redis_recovery(
@@ -234,8 +250,8 @@ def evaluate_slos(result: dict[str, Any]) -> list[dict[str, Any]]:
         check(
             f"first-token p95 [{phase['name']}]",
             f"< {SLO['first_token_p95_ms']:.0f} ms",
-            p95,
-            p95 is None or p95 < SLO["first_token_p95_ms"],
+            "no first token" if p95 is None else p95,
+            p95 is not None and p95 < SLO["first_token_p95_ms"],
         )
     steady = result["phases"][0] if result["phases"] else None
     if steady is not None:

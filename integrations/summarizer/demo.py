@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from .analysis import analyze_run, evaluate_slos
+from .analysis import analyze_run, evaluate_slos, recovery_text
 from .config import ENV, ServiceConfig
 from .load import LoadDriver, Phase, Recorder
 from .servers import ChildProcess
@@ -381,8 +381,7 @@ def print_tables(
             table.add_column(column, justify="right" if column != "phase" else "left")
         for p in result["phases"]:
             recovery = ", ".join(
-                f"{k.split(':', 1)[1]} {_fmt(v.get('seconds'), ' s')}"
-                for k, v in p["recovery"].items()
+                f"{k.split(':', 1)[1]} {recovery_text(v)}" for k, v in p["recovery"].items()
             )
             table.add_row(
                 p["name"],

@@ -56,6 +56,9 @@ class Job:
     first_token: float | None = None
     finished: float | None = None
     events: list[bytes] = field(default_factory=list)
+    #: Set with the last event, ``done``: the stream is complete. (``final`` comes
+    #: earlier: the pipeline may still write the cache before it sends ``done``.)
+    ended: bool = False
     _wake: asyncio.Event = field(default_factory=asyncio.Event)
 
     @classmethod
@@ -82,11 +85,13 @@ class Job:
         """Append an event (encoded once, as Server-Sent Events) and wake every follower."""
         payload = json.dumps(data, separators=(",", ":"))
         self.events.append(f"event: {name}\ndata: {payload}\n\n".encode())
+        if name == "done":
+            self.ended = True
         wake, self._wake = self._wake, asyncio.Event()
         wake.set()
 
     async def follow(self, start: int = 0) -> AsyncIterator[bytes]:
-        """Every event (SSE bytes) from index ``start`` on, until the job ends.
+        """Every event (SSE bytes) from index ``start`` on, through the ``done`` event.
 
         Events that are already waiting go out as one chunk: one socket write for a
         burst of tokens instead of one per token (SSE events delimit themselves).
@@ -98,7 +103,7 @@ class Job:
                 pending = events[index:]
                 index += len(pending)
                 yield pending[0] if len(pending) == 1 else b"".join(pending)
-            if self.final:
+            if self.ended:
                 return
             await self._wake.wait()
 

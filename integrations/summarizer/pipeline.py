@@ -11,6 +11,10 @@ File-system calls run in worker threads, never on the event loop: creating, rena
 and deleting files waits for the file system's journal, which a busy disk can hold for
 hundreds of milliseconds, and every request of the service would wait with it.
 
+Each job works in its own directory (``<workdir>/<domain>/<video id>-<job id>``, removed
+when the job ends unless ``keep_media``): jobs for the same URL may overlap, within a
+worker or across workers sharing a workdir, and never touch each other's files.
+
 When a stage's retries run out, resilient mode retries **that stage alone** after the
 breaker's cool-down (or a jittered pause), within the job's deadline; the stages
 already done are not repeated. Naive mode fails the job.
@@ -175,7 +179,10 @@ class Pipeline:
     # -- one job ------------------------------------------------------------------
 
     async def _run(self, job: Job, cached: dict[str, Any] | None) -> None:
-        directory = self.workdir / job.domain / job.video_id
+        # The job's own directory: jobs for one URL may overlap (a resubmission as the
+        # previous job ends, or workers sharing a workdir), and must never write, rename
+        # or delete each other's files.
+        directory = self.workdir / job.domain / f"{job.video_id}-{job.id}"
         try:
             with rs.deadline(self.cfg.job_deadline):
                 await self._stages(job, directory, cached)
@@ -209,7 +216,7 @@ class Pipeline:
             )
             with contextlib.suppress(Exception):
                 await self.cache.put_result(job.id, job.public())
-            if job.outcome == "full" and not self.cfg.keep_media:
+            if not self.cfg.keep_media:
                 await asyncio.to_thread(shutil.rmtree, directory, ignore_errors=True)
 
     async def _stages(self, job: Job, directory: Path, cached: dict[str, Any] | None) -> None:

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .analysis import SLO, percentile
+from .analysis import SLO, percentile, recovery_text
 
 __all__ = ["render_html", "write_report"]
 
@@ -397,7 +397,12 @@ def _headline(results: dict[str, Any]) -> str:
         return max(values) if values else None
 
     def recovery(result: dict[str, Any]) -> str:
-        values = [r.get("seconds") for p in result["phases"] for r in p["recovery"].values()]
+        values = [
+            r.get("seconds")
+            for p in result["phases"]
+            for r in p["recovery"].values()
+            if not r.get("unused")
+        ]
         if not values:
             return "-"
         if any(v is None for v in values):
@@ -452,8 +457,7 @@ def _phase_table(result: dict[str, Any]) -> str:
     rows = []
     for p in result["phases"]:
         recovery = ", ".join(
-            f"{k.split(':', 1)[1]}: {_fmt(v.get('seconds'), ' s')}"
-            for k, v in p["recovery"].items()
+            f"{k.split(':', 1)[1]}: {recovery_text(v)}" for k, v in p["recovery"].items()
         )
         rows.append(
             "<tr>"

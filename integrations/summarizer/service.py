@@ -37,7 +37,7 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Mount, Route
+from starlette.routing import Route
 
 import resilience as rs
 
@@ -241,7 +241,7 @@ def _middleware(cfg: ServiceConfig, backend: Any, service: Service) -> list[Midd
     )
 
     stream = "/summaries/{id}/stream"
-    internal = ["/healthz", "/metrics", "/metrics/*", "/internal/*"]
+    internal = ["/healthz", "/metrics", "/internal/*"]
     user_limiter = rs.RateLimiter(
         cfg.user_rate, burst=cfg.user_burst, backend=backend, name="summarizer.user-rate"
     )
@@ -315,7 +315,7 @@ def create_app(cfg: ServiceConfig | None = None) -> Starlette:
         Route("/summaries/{id}/stream", stream, methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/internal/stats", stats, methods=["GET"]),
-        Mount("/metrics", app=metrics.asgi_app()),
+        Route("/metrics", metrics.asgi_app()),
     ]
     app = Starlette(routes=routes, middleware=_middleware(cfg, svc.backend, svc), lifespan=lifespan)
     app.state.service = svc

@@ -29,7 +29,7 @@ Example::
 
     LoggingListener().install()
     metrics = PrometheusMetrics().install()
-    app.mount("/metrics", metrics.asgi_app())
+    app.add_route("/metrics", metrics.asgi_app())
 """
 
 from ._logging import DEFAULT_LEVELS, TRANSITIONS, LoggingListener

@@ -40,7 +40,7 @@ class PrometheusMetrics:
     Example::
 
         metrics = PrometheusMetrics().install()        # listens to every policy
-        app.mount("/metrics", metrics.asgi_app())
+        app.add_route("/metrics", metrics.asgi_app())  # Starlette / FastAPI
     """
 
     def __init__(
@@ -102,9 +102,13 @@ class PrometheusMetrics:
     def asgi_app(self) -> Any:
         """An ASGI app serving this registry in the Prometheus text format (``/metrics``).
 
-        Example: ``app.mount("/metrics", metrics.asgi_app())``
+        An object rather than a function, so that a router takes it for an ASGI app:
+        ``Route("/metrics", metrics.asgi_app())`` serves exactly ``/metrics`` (a mount
+        answers ``/metrics`` with a redirect to ``/metrics/``).
+
+        Example: ``app.add_route("/metrics", metrics.asgi_app())``
         """
-        return self._client.make_asgi_app(registry=self.registry)
+        return _ExpositionApp(self._client.make_asgi_app(registry=self.registry))
 
     def exposition(self) -> bytes:
         """The registry in the Prometheus text format (what ``/metrics`` returns)."""
@@ -140,3 +144,15 @@ class PrometheusMetrics:
         running = [cumulative[b] for b in bounds] + [cumulative.get(math.inf, 0.0)]
         counts = [running[0]] + [running[i] - running[i - 1] for i in range(1, len(running))]
         return {q: histogram_quantile(q, bounds, counts) for q in quantiles}
+
+
+class _ExpositionApp:
+    """prometheus_client's ASGI function as an object (see :meth:`PrometheusMetrics.asgi_app`)."""
+
+    __slots__ = ("_app",)
+
+    def __init__(self, app: Any) -> None:
+        self._app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await self._app(scope, receive, send)

@@ -178,3 +178,20 @@ def test_two_workers_on_redis_share_per_domain_limits(redis_server, tmp_path):
     workers = samples[-1]["workers"]
     assert len(workers) == 2
     assert all(sum(w["counts"].values()) > 0 for w in workers)
+
+
+@pytest.mark.parametrize(
+    "argument",
+    [["--workers", "0"], ["--duration", "-5"], ["--modes", "naive,chaotic"], ["--modes", ","]],
+)
+def test_demo_refuses_arguments_it_cannot_run(
+    argument: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Usage errors, before anything starts (``--workers 0`` ran no service and reported
+    every first-token SLO as met)."""
+    from integrations.summarizer.__main__ import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["demo", *argument])
+    assert exited.value.code == 2
+    assert argument[0] in capsys.readouterr().err

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 
 from integrations.summarizer.content import media_bytes
@@ -53,7 +56,7 @@ def test_download_cut_halfway_resumes_from_part_offset(make_service, platforms, 
     assert second["start"] == first["bytes"]  # asked only for the missing bytes
     assert doc["stages"]["video"]["resumed_from"] == first["bytes"]
     v = app.video_of("streamly.test", "resume1")
-    path = svc.service.pipeline.workdir / "streamly.test" / "resume1" / "v1" / "video"
+    path = svc.service.pipeline.workdir / "streamly.test" / f"resume1-{job_id}" / "v1" / "video"
     assert path.read_bytes() == media_bytes(v, "video", 0, v.video_size)
 
 
@@ -148,6 +151,53 @@ def test_metrics_and_health(make_service):
     svc = make_service()
     svc.wait(svc.submit("https://vidhub.test/watch/metrics1").json()["id"])
     assert svc.client.get("/healthz").json()["status"] == "ok"
-    text = svc.client.get("/metrics/").text
+    response = svc.client.get("/metrics", follow_redirects=False)
+    assert response.status_code == 200  # the path itself, no redirect to /metrics/
+    text = response.text
     assert "summarizer_jobs_total" in text
     assert "summarizer_first_token_seconds_bucket" in text
+
+
+def _streamed_events(svc, job_id: str) -> list[str]:
+    names = []
+    with svc.client.stream("GET", f"/summaries/{job_id}/stream") as stream:
+        for line in stream.iter_lines():
+            if line.startswith("event: "):
+                names.append(line[7:])
+    return names
+
+
+def test_overlapping_jobs_for_one_url_never_touch_each_others_files(make_service):
+    """A URL resubmitted while (or just as) its previous job runs: every job has its own
+    directory, so none fails on a file another one renamed or deleted; with
+    keep_media=False nothing is left behind."""
+    svc = make_service(cache_freshness=0.0, user_rate="1000/s", user_burst=1000, keep_media=False)
+    ids: set[str] = set()
+    lock = threading.Lock()
+    stop = time.monotonic() + 3.0
+
+    def submit_until_stopped() -> None:
+        while time.monotonic() < stop:
+            response = svc.submit("https://clipzone.test/watch/overlap")
+            assert response.status_code == 202
+            with lock:
+                ids.add(response.json()["id"])
+
+    threads = [threading.Thread(target=submit_until_stopped) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    outcomes = [svc.wait(job_id) for job_id in ids]
+    assert len(ids) >= 5  # several jobs for the one URL, one after another
+    assert [(d["outcome"], d.get("error")) for d in outcomes if d["outcome"] != "full"] == []
+    assert list((svc.service.pipeline.workdir / "clipzone.test").iterdir()) == []
+
+
+def test_every_stream_ends_with_done_on_redis(make_service, redis_server):
+    """With the cache on Redis (an awaited write as the job ends), each job's stream
+    still ends with its done event, not at the last token."""
+    svc = make_service(redis_url=redis_server.url)
+    ids = [svc.submit(f"https://vidhub.test/watch/redisdone{i}").json()["id"] for i in range(8)]
+    ends = [_streamed_events(svc, job_id)[-1] for job_id in ids]
+    assert ends == ["done"] * len(ids)

@@ -168,6 +168,23 @@ async def test_prometheus_metrics_asgi_app(prometheus: PrometheusMetrics) -> Non
     assert "resilience_rejections_total" in response.text
 
 
+@pytest.mark.anyio
+async def test_prometheus_asgi_app_is_a_route_at_exactly_metrics(
+    prometheus: PrometheusMetrics,
+) -> None:
+    """As a Starlette route, ``asgi_app()`` answers /metrics itself (no redirect)."""
+    from starlette.applications import Starlette
+
+    feed(prometheus)
+    app = Starlette()
+    app.add_route("/metrics", prometheus.asgi_app())
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        response = await client.get("/metrics")
+    assert response.status_code == 200
+    assert "resilience_rejections_total" in response.text
+
+
 def test_prometheus_namespace_and_shared_registry() -> None:
     """Two adapters on separate registries do not collide; namespace prefixes names."""
     a, b = PrometheusMetrics(), PrometheusMetrics(namespace="svc")

@@ -1,0 +1,47 @@
+"""The demo's analysis: recoveries and SLO verdicts from recorded samples."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from integrations.summarizer.analysis import evaluate_slos, recovery_text, recovery_time
+
+
+def _sample(t: float, ok: int, errors: int) -> dict[str, Any]:
+    return {"t": t, "models": {"cheap": {"statuses": {"200": ok, "503": errors}}}}
+
+
+def test_recovery_is_the_first_healthy_window_after_the_fault_clears() -> None:
+    """Seconds from the clearing to the end of the first window with >= 90% successes."""
+    samples = [_sample(0, 0, 5), _sample(1, 0, 9), _sample(2, 1, 12), _sample(3, 11, 12)]
+    recovery = recovery_time(samples, "model", "cheap", cleared_at=1.0)
+    assert recovery["seconds"] == 2.0
+    assert recovery_text(recovery) == "2.0 s"
+
+
+def test_a_dependency_without_traffic_after_the_fault_is_unused_not_unrecovered() -> None:
+    """No answers after the clearing (the naive run never calls the cheap tier): nothing
+    to measure, reported as unused rather than as a missed recovery."""
+    never_called = recovery_time([{"t": 0}, {"t": 1}, {"t": 2}], "model", "cheap", cleared_at=1)
+    assert never_called == {"seconds": None, "unused": True}
+    assert recovery_text(never_called) == "unused"
+    still_failing = [_sample(0, 0, 5), _sample(1, 0, 9), _sample(2, 0, 14)]
+    missed = recovery_time(still_failing, "model", "cheap", cleared_at=1.0)
+    assert missed == {"seconds": None}
+    assert recovery_text(missed) == "-"
+
+
+def test_a_phase_without_first_tokens_misses_the_first_token_slo() -> None:
+    """No first token at all in a phase is a miss, not a pass."""
+    phase = {
+        "name": "steady",
+        "api_p99_ms": 5.0,
+        "first_token_p95_ms": None,
+        "sustained_downloads": 400,
+        "recovery": {},
+    }
+    totals = {"failed": 0, "submitted": 1, "full": 1, "degraded": 0, "requests": 1}
+    checks = {c["slo"]: c for c in evaluate_slos({"totals": totals, "phases": [phase]})}
+    verdict = checks["first-token p95 [steady]"]
+    assert verdict["ok"] is False
+    assert verdict["measured"] == "no first token"
