@@ -64,7 +64,8 @@ def decorate(policy: Policy, fn: Callable[P, T]) -> Callable[P, T]:
     ``async def`` functions get an ``async def`` wrapper that awaits
     ``policy.call_async``; everything else gets a plain wrapper around ``policy.call``.
     ``classmethod`` and ``staticmethod`` objects are unwrapped, decorated and re-wrapped,
-    so the decorator may sit above or below them.
+    so the decorator may sit above or below them. Generator functions (sync or async)
+    are refused with ``TypeError``: calling one only creates the generator.
 
     Example::
 
@@ -75,9 +76,14 @@ def decorate(policy: Policy, fn: Callable[P, T]) -> Callable[P, T]:
         return cast(Callable[P, T], type(fn)(inner))
     if not callable(fn):
         raise TypeError(f"a policy decorates a function or method, got {fn!r}")
-    if inspect.isasyncgenfunction(fn):
+    if inspect.isasyncgenfunction(fn) or inspect.isgeneratorfunction(fn):
+        # A generator's call only creates it: the policy would time, retry or count
+        # nothing of the work, which runs later, outside it.
+        kind = "an async generator" if inspect.isasyncgenfunction(fn) else "a generator"
         raise TypeError(
-            f"{fn!r} is an async generator function: policies wrap calls that return once"
+            f"{fn!r} is {kind} function: policies wrap calls that return once "
+            "(apply the policy to the calls the generator makes, or collect its items "
+            "in a function that returns them)"
         )
     is_async = inspect.iscoroutinefunction(fn)
     # A policy may offer a specialised wrapper body (same semantics as call/call_async,

@@ -563,6 +563,7 @@ class CircuitBreaker(PolicyBase):
             or self._fallback is not None
             or not inspect.isfunction(fn)
             or inspect.isasyncgenfunction(fn)
+            or inspect.isgeneratorfunction(fn)
         ):
             return super().__call__(fn)
         fixed, core_for = self._core, self._core_for

@@ -475,6 +475,7 @@ class RateLimiter(PolicyBase):
             or isinstance(fn, classmethod | staticmethod)
             or not callable(fn)
             or inspect.isasyncgenfunction(fn)
+            or inspect.isgeneratorfunction(fn)
         ):
             return decorate(self, fn)
         if self._admit_one is not None:

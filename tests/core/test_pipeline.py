@@ -95,6 +95,35 @@ def test_methods_of_every_kind() -> None:
     assert Client.static(4) == "s4"
 
 
+@pytest.mark.parametrize(
+    "policy",
+    [
+        rs.Retry(on=OSError),
+        rs.Timeout(1),
+        rs.CircuitBreaker(),
+        rs.RateLimiter("1/s"),
+        rs.Bulkhead(1),
+        rs.Fallback(None),
+        rs.Pipeline(rs.Timeout(1)),
+    ],
+    ids=["retry", "timeout", "breaker", "limiter", "bulkhead", "fallback", "pipeline"],
+)
+def test_generator_functions_are_refused(policy: Any) -> None:
+    """Calling a generator function only creates the generator, so a policy around it
+    would guard nothing: both kinds are refused when decorated."""
+
+    def items() -> Any:
+        yield 1
+
+    async def stream() -> Any:
+        yield 1
+
+    with pytest.raises(TypeError, match="is a generator function"):
+        policy(items)
+    with pytest.raises(TypeError, match="is an async generator function"):
+        policy(stream)
+
+
 def test_pipeline_runs_outermost_first_and_passes_arguments() -> None:
     """Pipeline(a, b) is a around b around the call; every layer sees the arguments."""
     log: list[Any] = []
