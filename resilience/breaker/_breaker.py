@@ -432,7 +432,11 @@ class CircuitBreaker(PolicyBase):
         assert shared is not None
         ticket: Ticket | Election = election
         while isinstance(ticket, Election):  # again only if the breaker moved on meanwhile
-            won, wait = shared.elect(core.key)
+            try:
+                won, wait = shared.elect(core.key)
+            except BaseException:  # interrupted: the probe slot must not stay taken
+                core.election_abandoned(ticket)
+                raise
             ticket = core.elected(ticket, self._now(), won, wait)
         return ticket
 
@@ -441,7 +445,11 @@ class CircuitBreaker(PolicyBase):
         assert shared is not None
         ticket: Ticket | Election = election
         while isinstance(ticket, Election):
-            won, wait = await shared.elect_async(core.key)
+            try:
+                won, wait = await shared.elect_async(core.key)
+            except BaseException:  # cancelled mid round trip: free the probe slot
+                core.election_abandoned(ticket)
+                raise
             ticket = core.elected(ticket, self._now(), won, wait)
         return ticket
 

@@ -358,6 +358,17 @@ class BreakerCore:
             raise self._reject(wait)
         return half
 
+    def election_abandoned(self, election: Election) -> None:
+        """The election's round trip was cancelled or interrupted: free its probe slot.
+
+        (Had it been won on Redis, the fleet's probe lease expires by itself.)
+        """
+        with self._lock:
+            half = election.episode
+            if self._half is half and half.electing:
+                half.electing = False
+                half.admitted -= 1
+
     def settle(
         self,
         ticket: Ticket,

@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import anyio
 import pytest
 
 import resilience as rs
@@ -297,4 +298,45 @@ def test_paused_redis_costs_at_most_one_backend_timeout(redis_server: RedisServe
         assert breaker.shared.statistics()["backend_errors"] >= 1
     finally:
         redis_server.resume()
+        breaker.shared.close()
+
+
+@pytest.mark.anyio
+async def test_a_probe_cancelled_during_its_election_frees_the_half_open_slot(
+    redis_server: RedisServer,
+) -> None:
+    """The first half-open probe of a shared breaker asks Redis for the fleet probe; if
+    it is cancelled while that round trip hangs, its probe slot is given back (it stayed
+    taken, and the breaker refused every call until another process spoke)."""
+    clock = rs.testing.FakeClock()
+    breaker = CircuitBreaker(
+        name="cancelled-election",
+        backend=RedisBackend.from_url(redis_server.url, timeout=2.0),
+        failure_rate=None,
+        consecutive_failures=1,
+        open_for=10,
+        clock=clock,
+    )
+    assert breaker.shared is not None
+    try:
+        assert wait_for(lambda: breaker.shared is not None and breaker.shared.connected)
+        with pytest.raises(Boom):
+            breaker.call(boom)
+        clock.advance(10)
+        assert breaker.state is CircuitState.HALF_OPEN
+
+        async def probe() -> str:
+            return "ok"
+
+        redis_server.pause()
+        try:
+            with anyio.move_on_after(0.1) as scope:
+                await breaker.call_async(probe)
+            assert scope.cancelled_caught
+        finally:
+            redis_server.resume()
+        assert breaker.statistics().half_open_in_flight == 0
+        assert await breaker.call_async(probe) == "ok"
+        assert breaker.state is CircuitState.CLOSED
+    finally:
         breaker.shared.close()
