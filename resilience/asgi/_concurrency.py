@@ -13,6 +13,7 @@ from .._clock import Clock
 from .._events import GLOBAL_LISTENERS, Listener
 from .._validate import check_callable, check_clock, check_int, check_number
 from ..bulkhead._bulkhead import Bulkhead
+from ..bulkhead._permit import Permit
 from ..errors import BackendError, BulkheadFull, ConfigurationError, ResilienceError
 from ._base import Observed
 from ._events import RequestAdmitted, RequestCompleted
@@ -313,7 +314,10 @@ class ConcurrencyLimitMiddleware(Observed):
             try:
                 await self.app(scope, receive, send)
             finally:
-                _release(permit)
+                if permit.__class__ is Permit:
+                    permit.release()  # in process: no I/O, no coroutine needed
+                else:
+                    await _release_async(permit)
             return
         admitted = self._clock.monotonic()
         self._emit(
@@ -328,15 +332,17 @@ class ConcurrencyLimitMiddleware(Observed):
             outcome = "cancelled" if isinstance(exc, anyio.get_cancelled_exc_class()) else "error"
             raise
         finally:
-            _release(permit)
-            self._emit(
-                RequestCompleted(
-                    policy=plan.policy,
-                    key=key,
-                    duration=self._clock.monotonic() - admitted,
-                    outcome=outcome,
+            try:
+                await _release_async(permit)
+            finally:
+                self._emit(
+                    RequestCompleted(
+                        policy=plan.policy,
+                        key=key,
+                        duration=self._clock.monotonic() - admitted,
+                        outcome=outcome,
+                    )
                 )
-            )
 
     @staticmethod
     async def _acquire_queued(plan: _Plan, key: str | None, priority: int | None) -> Any:
@@ -376,10 +382,12 @@ class ConcurrencyLimitMiddleware(Observed):
         raise BulkheadFull("displaced from the full queue by a more urgent request")
 
 
-def _release(permit: Any) -> None:
-    # Released even when the request was cancelled (timeout, client gone); a lost
-    # distributed lease was already reported by the bulkhead's own event.
+async def _release_async(permit: Any) -> None:
+    # Released even when the request was cancelled (timeout, client gone), without
+    # blocking the loop on a Redis round trip (a cancelled release of a distributed
+    # lease finishes in the background); a lost lease was already reported by the
+    # bulkhead's own event.
     try:
-        permit.release()
+        await permit.release_async()
     except ResilienceError:
         pass

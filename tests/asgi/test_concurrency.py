@@ -312,3 +312,54 @@ async def test_each_request_is_one_admission_in_the_metrics() -> None:
         remove_listener(count)
     assert decisions == ["admitted"] * 3
     assert len(waits) == 3
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("observed", [False, True], ids=["quiet", "observed"])
+async def test_a_distributed_release_never_blocks_the_event_loop(
+    redis_server: Any, observed: bool
+) -> None:
+    """The lease of a distributed bulkhead is released with an awaited round trip: while
+    a paused Redis holds the release, other tasks on the loop keep running (the release
+    used to be the blocking sync call, freezing the loop for the backend timeout)."""
+    from resilience.backends import RedisBackend
+
+    bulkhead = Bulkhead(
+        2, backend=RedisBackend.from_url(redis_server.url, timeout=2.0), name="asgi-release"
+    )
+    app = ConcurrencyLimitMiddleware(ok_app, bulkhead=bulkhead)
+    if observed:
+        app.add_listener(lambda event: None)
+    seen: list[tuple[bool, bool]] = []
+    finished = anyio.Event()
+    result = Result()
+
+    async def send(message: Any) -> None:
+        result.messages.append(message)
+        if message["type"] == "http.response.body":
+            redis_server.pause()  # the release comes next, and hangs until resumed
+
+    async def request() -> None:
+        await app(http_scope("/"), _receive_nothing, send)
+        finished.set()
+
+    async def watch() -> None:
+        await wait_for(lambda: len(result.messages) == 2)
+        # Body sent, release pending: this task runs only if the release awaits.
+        seen.append((len(result.messages) == 2, finished.is_set()))
+        redis_server.resume()
+
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(request)
+            tg.start_soon(watch)
+    finally:
+        redis_server.resume()
+        bulkhead.close()
+    assert seen == [(True, False)]
+    assert bulkhead.statistics().in_flight == 0
+
+
+async def _receive_nothing() -> dict[str, Any]:
+    await anyio.sleep_forever()
+    raise AssertionError("unreachable")
