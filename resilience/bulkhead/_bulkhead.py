@@ -213,7 +213,7 @@ class Bulkhead(PolicyBase):
                 raise self._rejected(key)
             permit = Permit(self, key, self._sample_start(n))
         if self._listeners or GLOBAL_LISTENERS:
-            self._report_admission(key, 0.0)
+            self._report_held(key, 0.0, permit.release)
         return permit
 
     def acquire(
@@ -233,7 +233,7 @@ class Bulkhead(PolicyBase):
             return self._acquire_quietly(key, priority, max_wait)
         started = self._now()
         permit = self._acquire_quietly(key, priority, max_wait)
-        self._report_admission(key, self._now() - started)
+        self._report_held(key, self._now() - started, permit.release)
         return permit
 
     def _acquire_quietly(
@@ -266,7 +266,7 @@ class Bulkhead(PolicyBase):
             return await self._acquire_quietly_async(key, priority, max_wait)
         started = self._now()
         permit = await self._acquire_quietly_async(key, priority, max_wait)
-        self._report_admission(key, self._now() - started)
+        self._report_held(key, self._now() - started, permit.release)
         return permit
 
     async def _acquire_quietly_async(
@@ -305,16 +305,19 @@ class Bulkhead(PolicyBase):
                     return fn(*args, **kwargs)
             return self._remote.call(fn, key, priority, args, kwargs)
         n = self._slots.try_acquire(key)
+        waited = None
         if not n:
             started = self._now()
             self._wait(key, self._call_priority(args, kwargs), self.max_wait)
             n = self._limit
             if self._listeners or GLOBAL_LISTENERS:
-                self._report_admission(key, self._now() - started)
+                waited = self._now() - started
         elif self._listeners or GLOBAL_LISTENERS:
-            self._report_admission(key, 0.0)
+            waited = 0.0
         t0 = self._sample_start(n)
         try:
+            if waited is not None:  # a listener's KeyboardInterrupt still frees the slot
+                self._report_admission(key, waited)
             return fn(*args, **kwargs)
         finally:
             self._give_back(key, t0)
@@ -332,16 +335,19 @@ class Bulkhead(PolicyBase):
                     return await fn(*args, **kwargs)
             return await self._remote.call_async(fn, key, priority, args, kwargs)
         n = self._slots.try_acquire(key)
+        waited = None
         if not n:
             started = self._now()
             await self._wait_async(key, self._call_priority(args, kwargs), self.max_wait)
             n = self._limit
             if self._listeners or GLOBAL_LISTENERS:
-                self._report_admission(key, self._now() - started)
+                waited = self._now() - started
         elif self._listeners or GLOBAL_LISTENERS:
-            self._report_admission(key, 0.0)
+            waited = 0.0
         t0 = self._sample_start(n)
         try:
+            if waited is not None:
+                self._report_admission(key, waited)
             return await fn(*args, **kwargs)
         finally:
             self._give_back(key, t0)
@@ -358,16 +364,28 @@ class Bulkhead(PolicyBase):
                 self._lock.release()
             if free:
                 if self._listeners or GLOBAL_LISTENERS:
-                    self._report_admission(None, 0.0)
+                    self._report_held(None, 0.0, self._exit_local)
                 return self
             started = self._now()
             self._wait(None, self._default_priority, self.max_wait)
             if self._listeners or GLOBAL_LISTENERS:
-                self._report_admission(None, self._now() - started)
+                self._report_held(None, self._now() - started, self._exit_local)
             return self
         permit = self.acquire(None)
         _HELD.set((*_HELD.get(), permit))
         return self
+
+    def _report_held(self, key: Hashable, waited: float, give_back: Callable[[], Any]) -> None:
+        """Report an admission whose slot is already held: if a listener raises past
+        the event plumbing (``KeyboardInterrupt``), the slot goes back first."""
+        try:
+            self._report_admission(key, waited)
+        except BaseException:
+            give_back()
+            raise
+
+    def _exit_local(self) -> None:
+        self.__exit__(None, None, None)
 
     def __exit__(
         self,
@@ -406,12 +424,12 @@ class Bulkhead(PolicyBase):
                 self._lock.release()
             if free:
                 if self._listeners or GLOBAL_LISTENERS:
-                    self._report_admission(None, 0.0)
+                    self._report_held(None, 0.0, self._exit_local)
                 return self
             started = self._now()
             await self._wait_async(None, self._default_priority, self.max_wait)
             if self._listeners or GLOBAL_LISTENERS:
-                self._report_admission(None, self._now() - started)
+                self._report_held(None, self._now() - started, self._exit_local)
             return self
         permit = await self.acquire_async(None)
         _HELD.set((*_HELD.get(), permit))

@@ -641,3 +641,33 @@ async def test_every_admission_reports_how_long_it_waited() -> None:
         async with bulkhead:  # waits for the holder: 2.5 s of virtual time
             pass
     assert waits[-1] == pytest.approx(2.5)
+
+
+class _Interrupt(BaseException):
+    """Stands for a KeyboardInterrupt raised inside a listener."""
+
+
+@pytest.mark.parametrize("entry", ["call", "acquire", "acquire_nowait", "with"])
+def test_a_listener_interrupted_at_admission_does_not_keep_the_slot(entry: str) -> None:
+    """A BaseException from a listener of CallAdmitted (Ctrl-C in a slow listener)
+    passes through, and the slot taken just before goes back."""
+    bulkhead = rs.Bulkhead(1)
+
+    def interrupt(event: object) -> None:
+        if isinstance(event, rs.CallAdmitted):
+            raise _Interrupt
+
+    def enter() -> None:
+        with bulkhead:
+            pass
+
+    entries: dict[str, Callable[[], object]] = {
+        "call": lambda: bulkhead.call(lambda: None),
+        "acquire": bulkhead.acquire,
+        "acquire_nowait": bulkhead.acquire_nowait,
+        "with": enter,
+    }
+    bulkhead.add_listener(interrupt)
+    with pytest.raises(_Interrupt):
+        entries[entry]()
+    assert bulkhead.statistics().in_flight == 0
