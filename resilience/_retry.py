@@ -170,10 +170,18 @@ class Retry(PolicyBase):
         try:
             result = fn(*args, **kwargs)
         except Exception as exc:
-            return self._resume(fn, args, kwargs, exc, None)
-        if self._on_result is not None and self._on_result(result):
-            return self._resume(fn, args, kwargs, None, result)
-        return result
+            failure: Exception | None = exc
+            resumed: Any = None
+        else:
+            if self._on_result is None or not self._on_result(result):
+                return result
+            failure, resumed = None, result
+        # Resumed outside the except block: later attempts must not read as raised
+        # while handling the first (see _chain).
+        try:
+            return self._resume(fn, args, kwargs, failure, resumed)
+        finally:
+            failure = None
 
     def _resume(
         self,
@@ -202,6 +210,7 @@ class Retry(PolicyBase):
             try:
                 result = fn(*args, **kwargs)
             except Exception as error:
+                _chain(error, exc)
                 exc = error
                 continue
             exc = None
@@ -225,10 +234,16 @@ class Retry(PolicyBase):
         try:
             result = await fn(*args, **kwargs)
         except Exception as exc:
-            return await self._resume_async(fn, args, kwargs, exc, None)
-        if self._on_result is not None and self._on_result(result):
-            return await self._resume_async(fn, args, kwargs, None, result)
-        return result
+            failure: Exception | None = exc
+            resumed: Any = None
+        else:
+            if self._on_result is None or not self._on_result(result):
+                return result
+            failure, resumed = None, result
+        try:
+            return await self._resume_async(fn, args, kwargs, failure, resumed)
+        finally:
+            failure = None
 
     async def _resume_async(
         self,
@@ -255,6 +270,7 @@ class Retry(PolicyBase):
             try:
                 result = await fn(*args, **kwargs)
             except Exception as error:
+                _chain(error, exc)
                 exc = error
                 continue
             exc = None
@@ -278,7 +294,11 @@ class Retry(PolicyBase):
                 try:
                     return await fn(*args, **kwargs)
                 except Exception as exc:
-                    return await resume_async(fn, args, kwargs, exc, None)
+                    failure: Exception | None = exc
+                try:  # outside the except block (see _call)
+                    return await resume_async(fn, args, kwargs, failure, None)
+                finally:
+                    failure = None
 
             return retry_async
         resume = self._resume
@@ -287,7 +307,11 @@ class Retry(PolicyBase):
             try:
                 return fn(*args, **kwargs)
             except Exception as exc:
-                return resume(fn, args, kwargs, exc, None)
+                failure: Exception | None = exc
+            try:  # outside the except block (see _call)
+                return resume(fn, args, kwargs, failure, None)
+            finally:
+                failure = None
 
         return retry_sync
 
@@ -299,3 +323,21 @@ class Retry(PolicyBase):
         return RetryStatistics(
             self._retries, self._recovered, self._exhausted, self._budget_refusals
         )
+
+
+def _chain(error: BaseException, previous: BaseException | None) -> None:
+    """Record that attempt ``n`` (``error``) followed the failure of attempt ``n - 1``,
+    as Python would for an exception raised while handling another: the traceback of
+    the exception Retry finally raises shows every attempt, in order. An error that
+    already has a context of its own keeps it, and no cycle is made (a function that
+    raises the same instances again)."""
+    if previous is None or error.__context__ is not None:
+        return
+    seen: BaseException | None = previous
+    for _ in range(1000):
+        if seen is None:
+            error.__context__ = previous
+            return
+        if seen is error:
+            return
+        seen = seen.__context__

@@ -405,3 +405,68 @@ def test_an_async_retry_that_gives_up_leaves_no_reference_cycles() -> None:
         return [await freed(lambda: retry.call_async(always_fails)), await freed(decorated)]
 
     assert asyncio.run(main()) == [True, True]
+
+
+async def _to_the_end(run: Any) -> None:
+    """Call ``run``; await what it returns if that is a coroutine."""
+    result = run()
+    if asyncio.iscoroutine(result):
+        await result
+
+
+class Attempt(ConnectionError):
+    """The failure of one numbered attempt."""
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("shell", ["call", "decorated", "deadline"])
+async def test_the_last_exception_chains_every_attempt_in_order(
+    fake_clock: FakeClock, shell: str
+) -> None:
+    """Attempt n's exception has attempt n - 1's as its context, as if raised while
+    handling it, so the traceback shows every attempt in order (the third attempt's
+    used to point at the first, skipping the second)."""
+    deadline = 60.0 if shell == "deadline" else None
+    retry = rs.Retry(on=Attempt, attempts=3, deadline=deadline, clock=fake_clock)
+    count = itertools.count(1)
+
+    def fails() -> None:
+        raise Attempt(next(count))
+
+    async def fails_async() -> None:
+        raise Attempt(next(count))
+
+    for run in (
+        (lambda: retry.call(fails)) if shell != "decorated" else retry(fails),
+        (lambda: retry.call_async(fails_async)) if shell != "decorated" else retry(fails_async),
+    ):
+        with pytest.raises(Attempt) as caught:
+            await _to_the_end(run)
+        chain = []
+        exc: BaseException | None = caught.value
+        while exc is not None:
+            chain.append(exc.args[0])
+            exc = exc.__context__
+        assert chain == sorted(chain, reverse=True)
+        assert len(chain) == 3
+
+
+def test_an_exception_raised_again_by_every_attempt_makes_no_cycle(fake_clock: FakeClock) -> None:
+    """A function raising the same two instances by turns: no context cycle is made."""
+    error = Attempt("always the same")
+    other = Attempt("the other one")
+    instances = itertools.cycle([error, other])
+
+    def fails() -> None:
+        raise next(instances)
+
+    retry = rs.Retry(on=Attempt, attempts=5, clock=fake_clock)
+    with pytest.raises(Attempt) as caught:
+        retry.call(fails)
+    seen: list[BaseException] = []
+    exc: BaseException | None = caught.value
+    while exc is not None:
+        assert exc not in seen
+        seen.append(exc)
+        exc = exc.__context__
+    assert seen[0] is error  # the fifth attempt's
