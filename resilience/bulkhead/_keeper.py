@@ -70,12 +70,22 @@ class LeaseKeeper:
 
         Its heap entry stays until then; when such entries are the majority the heap
         is compacted, so short holds at a high rate do not pile up ``lease / 3`` worth
-        of dead entries. Jobs with a false ``active`` attribute are the dead ones.
+        of dead entries, and when none is left alive the heap is emptied, so the thread
+        exits a second after the last release (not at the last dead renewal's time).
+        Jobs with a false ``active`` attribute are the dead ones.
         """
         with self._cond:
             self._cancelled += 1
             heap = self._heap
-            if self._cancelled > 1024 and 2 * self._cancelled > len(heap):
+            # (The count is a hint: a job cancelled while it runs is counted and may
+            # never come back, so "all dead" is checked before anything is dropped.)
+            if self._cancelled >= len(heap) and not any(
+                getattr(entry[2], "active", True) for entry in heap
+            ):
+                heap.clear()
+                self._cancelled = 0
+                self._cond.notify()
+            elif self._cancelled > 1024 and 2 * self._cancelled > len(heap):
                 heap[:] = [entry for entry in heap if getattr(entry[2], "active", True)]
                 heapq.heapify(heap)
                 self._cancelled = 0
