@@ -803,8 +803,20 @@ class Distributed:
             self.release_on_recovery(keys, token)
 
     def release_later(self, keys: list[str], token: str) -> None:
-        """Release ``token``'s lease from the keeper thread (never blocks the caller)."""
-        KEEPER.soon(lambda: self.release_now(keys, token))
+        """Release ``token``'s lease from the keeper thread (never blocks the caller).
+
+        Used when a round trip was cut short, so its script may still reach Redis: an
+        abandoned worker thread (trio) or a half-sent command can land *after* this
+        release, which goes out on another connection. A second release, once any such
+        straggler is over (its socket timeout, plus the async safety net), removes a
+        lease that would otherwise hold a slot until it expired.
+        """
+
+        def release() -> None:
+            self.release_now(keys, token)
+
+        KEEPER.soon(release)
+        KEEPER.schedule(time.monotonic() + 2 * self.backend.timeout + 0.1, release)
 
     def lease_lost(self, permit: LeasePermit, reason: str) -> None:
         """Count and report a lost lease."""

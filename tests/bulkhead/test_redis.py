@@ -321,6 +321,55 @@ async def test_cancelled_redis_waiter_leaves_nothing(
             await anyio.sleep(0.01)  # a cancelled round trip is released by the keeper
 
 
+@pytest.mark.anyio
+async def test_an_acquire_cancelled_on_the_wire_leaves_no_lease_behind(
+    backends: Callable[..., RedisBackend], redis_server: RedisServer
+) -> None:
+    """Cancelled while its acquire waits on a stalled Redis: the script still runs when
+    Redis resumes, maybe after the background release (on trio the round trip is an
+    abandoned worker thread, racing the release on another connection). The second
+    release, once the straggler must be over (2 x timeout + 0.1 s), frees that lease,
+    which used to hold the slot until it expired (30 s)."""
+    timeout = 0.2
+    for attempt in range(2):
+        bulkhead = rs.Bulkhead(
+            1, backend=backends(timeout=timeout), name=f"wire{attempt}", lease=30
+        )
+        redis_server.pause()
+        try:
+            with anyio.move_on_after(0.05):
+                await bulkhead.acquire_async()
+        finally:
+            redis_server.resume()
+        # Lease time is Redis' real time: wait past the second release, then look.
+        await anyio.sleep(2 * timeout + 0.1 + 0.3)
+        with anyio.fail_after(5):
+            while bulkhead.statistics().shared_in_flight:
+                await anyio.sleep(0.01)
+        permit = await bulkhead.acquire_async()  # the one slot is free
+        await permit.release_async()
+
+
+def test_a_straggling_acquire_after_the_background_release_is_released_again(
+    backends: Callable[..., RedisBackend],
+) -> None:
+    """The race above, in a fixed order: the background release of a cut-short round
+    trip runs first, then the straggling acquire script grants the lease; the second
+    release (2 x timeout + 0.1 s later) removes it."""
+    timeout = 0.2
+    bulkhead = rs.Bulkhead(1, backend=backends(timeout=timeout), name="straggler", lease=30)
+    dist = bulkhead._remote
+    assert dist is not None
+    keys, token = dist.keys_for(None), "straggler-token"
+    dist.release_later(keys, token)  # what a cut-short round trip leaves to the keeper
+    time.sleep(0.05)  # the first release has run (no lease yet: a no-op)
+    dist.acquire_script.run(keys, dist.acquire_args(token))  # the straggler lands
+    assert bulkhead.statistics().shared_in_flight == 1
+    wait_until(lambda: bulkhead.statistics().shared_in_flight == 0, timeout=2 * timeout + 2.0)
+    with bulkhead.acquire_nowait():
+        pass
+
+
 # ---------------------------------------------------------------------- failure modes
 
 
