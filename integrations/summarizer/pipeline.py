@@ -11,9 +11,10 @@ File-system calls run in worker threads, never on the event loop: creating, rena
 and deleting files waits for the file system's journal, which a busy disk can hold for
 hundreds of milliseconds, and every request of the service would wait with it.
 
-Each job works in its own directory (``<workdir>/<domain>/<video id>-<job id>``, removed
-when the job ends unless ``keep_media``): jobs for the same URL may overlap, within a
-worker or across workers sharing a workdir, and never touch each other's files.
+Media live in ``<workdir>/worker<index>/<domain>/<video id>``: within a worker one job
+per URL runs at a time (the job table collapses the others) and a later job resumes
+what a failed one fetched; workers sharing a workdir never touch each other's files. A
+full job's media are removed before its URL is free again (unless ``keep_media``).
 
 When a stage's retries run out, resilient mode retries **that stage alone** after the
 breaker's cool-down (or a jittered pause), within the job's deadline; the stages
@@ -152,6 +153,8 @@ class Pipeline:
         self.stage_inflight: dict[str, int] = dict.fromkeys(STAGES, 0)
         self.workdir = Path(cfg.workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
+        #: This worker's media: ``<workdir>/worker<index>/<domain>/<video id>``.
+        self.media = self.workdir / f"worker{cfg.worker_index}"
         self._rng = random.Random(cfg.worker_index)
         #: Called with each job when it ends (the service feeds its metrics from it).
         self.on_finish: Callable[[Job], None] | None = None
@@ -179,10 +182,10 @@ class Pipeline:
     # -- one job ------------------------------------------------------------------
 
     async def _run(self, job: Job, cached: dict[str, Any] | None) -> None:
-        # The job's own directory: jobs for one URL may overlap (a resubmission as the
-        # previous job ends, or workers sharing a workdir), and must never write, rename
-        # or delete each other's files.
-        directory = self.workdir / job.domain / f"{job.video_id}-{job.id}"
+        # One directory per URL and worker: within a worker one job per URL runs at a
+        # time (the job table collapses the others), and a later job resumes what a
+        # failed one left; workers sharing a workdir never touch each other's files.
+        directory = self.media / job.domain / job.video_id
         try:
             with rs.deadline(self.cfg.job_deadline):
                 await self._stages(job, directory, cached)
@@ -197,27 +200,32 @@ class Pipeline:
             if not job.final:
                 job.status = "failed"
                 job.error = job.error or "cancelled"
-            job.finished = time.monotonic()
-            self.counts[job.outcome] = self.counts.get(job.outcome, 0) + 1
-            self.jobs.finish(job)
-            job.emit("done", job.public())
-            if self.on_finish is not None:
-                self.on_finish(job)
-            self.events.write(
-                "job",
-                id=job.id,
-                outcome=job.outcome,
-                domain=job.domain,
-                first_token=(
-                    None
-                    if job.first_token is None or job.inference_started is None
-                    else job.first_token - job.inference_started
-                ),
-            )
+            try:
+                # Before the URL is free again: the next job of this URL must not see
+                # these files vanish under it. (A failed or degraded job leaves what it
+                # fetched for the next one to resume.)
+                if job.outcome == "full" and not self.cfg.keep_media:
+                    await asyncio.to_thread(shutil.rmtree, directory, ignore_errors=True)
+            finally:
+                job.finished = time.monotonic()
+                self.counts[job.outcome] = self.counts.get(job.outcome, 0) + 1
+                self.jobs.finish(job)
+                job.emit("done", job.public())
+                if self.on_finish is not None:
+                    self.on_finish(job)
+                self.events.write(
+                    "job",
+                    id=job.id,
+                    outcome=job.outcome,
+                    domain=job.domain,
+                    first_token=(
+                        None
+                        if job.first_token is None or job.inference_started is None
+                        else job.first_token - job.inference_started
+                    ),
+                )
             with contextlib.suppress(Exception):
                 await self.cache.put_result(job.id, job.public())
-            if not self.cfg.keep_media:
-                await asyncio.to_thread(shutil.rmtree, directory, ignore_errors=True)
 
     async def _stages(self, job: Job, directory: Path, cached: dict[str, Any] | None) -> None:
         await asyncio.to_thread(directory.mkdir, parents=True, exist_ok=True)

@@ -56,7 +56,7 @@ def test_download_cut_halfway_resumes_from_part_offset(make_service, platforms, 
     assert second["start"] == first["bytes"]  # asked only for the missing bytes
     assert doc["stages"]["video"]["resumed_from"] == first["bytes"]
     v = app.video_of("streamly.test", "resume1")
-    path = svc.service.pipeline.workdir / "streamly.test" / f"resume1-{job_id}" / "v1" / "video"
+    path = svc.service.pipeline.media / "streamly.test" / "resume1" / "v1" / "video"
     assert path.read_bytes() == media_bytes(v, "video", 0, v.video_size)
 
 
@@ -167,10 +167,10 @@ def _streamed_events(svc, job_id: str) -> list[str]:
     return names
 
 
-def test_overlapping_jobs_for_one_url_never_touch_each_others_files(make_service):
-    """A URL resubmitted while (or just as) its previous job runs: every job has its own
-    directory, so none fails on a file another one renamed or deleted; with
-    keep_media=False nothing is left behind."""
+def test_a_url_resubmitted_as_its_job_ends_never_loses_its_files(make_service):
+    """A URL resubmitted while (or just as) its previous job runs: a job's media are
+    removed before its URL is free again, so no new job of the URL fails on a file
+    vanishing under it; with keep_media=False full jobs leave nothing behind."""
     svc = make_service(cache_freshness=0.0, user_rate="1000/s", user_burst=1000, keep_media=False)
     ids: set[str] = set()
     lock = threading.Lock()
@@ -191,7 +191,7 @@ def test_overlapping_jobs_for_one_url_never_touch_each_others_files(make_service
     outcomes = [svc.wait(job_id) for job_id in ids]
     assert len(ids) >= 5  # several jobs for the one URL, one after another
     assert [(d["outcome"], d.get("error")) for d in outcomes if d["outcome"] != "full"] == []
-    assert list((svc.service.pipeline.workdir / "clipzone.test").iterdir()) == []
+    assert list((svc.service.pipeline.media / "clipzone.test").iterdir()) == []
 
 
 def test_every_stream_ends_with_done_on_redis(make_service, redis_server):
@@ -201,3 +201,25 @@ def test_every_stream_ends_with_done_on_redis(make_service, redis_server):
     ids = [svc.submit(f"https://vidhub.test/watch/redisdone{i}").json()["id"] for i in range(8)]
     ends = [_streamed_events(svc, job_id)[-1] for job_id in ids]
     assert ends == ["done"] * len(ids)
+
+
+def test_workers_sharing_a_workdir_keep_their_media_apart(make_service, redis_server, tmp_path):
+    """Two workers on one workdir (as `demo --workers 2` runs them), given the same URLs
+    at once: each writes its own media directory, and every job is full."""
+    shared = {
+        "workdir": str(tmp_path / "shared-work"),
+        "redis_url": redis_server.url,
+        "workers": 2,
+        "user_rate": "1000/s",
+        "user_burst": 1000,
+    }
+    workers = [make_service(worker_index=index, **shared) for index in (0, 1)]
+    jobs = [
+        (worker, worker.submit(f"https://tubeverse.test/watch/shared{n}").json()["id"])
+        for n in range(6)
+        for worker in workers
+    ]
+    outcomes = [worker.wait(job_id)["outcome"] for worker, job_id in jobs]
+    assert outcomes == ["full"] * len(jobs)
+    media = [worker.service.pipeline.media for worker in workers]
+    assert media[0] != media[1]
