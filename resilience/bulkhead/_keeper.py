@@ -7,7 +7,10 @@ not be sent in line (a task cancelled mid round trip, a reply lost to a timeout)
 lease is left behind longer than necessary.
 
 The thread starts with the first job and exits after a second without any, so idle
-processes (and test runs) carry no thread. Jobs are weakly tied to their permits: a
+processes (and test runs) carry no thread. A released lease's renewal stays scheduled
+(as a no-op) until it falls due, up to ``lease / 3`` later: dropping it at release would
+put every new renewal at the head of the queue and wake the thread on every acquire and
+release (measured: +67 µs per acquire/release pair, 1.10x raw Redis instead of 0.86x). Jobs are weakly tied to their permits: a
 permit garbage-collected without ``release()`` has its lease released here.
 
 Lease timing is real time on purpose: a lease lives in Redis server time, which no
@@ -70,22 +73,12 @@ class LeaseKeeper:
 
         Its heap entry stays until then; when such entries are the majority the heap
         is compacted, so short holds at a high rate do not pile up ``lease / 3`` worth
-        of dead entries, and when none is left alive the heap is emptied, so the thread
-        exits a second after the last release (not at the last dead renewal's time).
-        Jobs with a false ``active`` attribute are the dead ones.
+        of dead entries. Jobs with a false ``active`` attribute are the dead ones.
         """
         with self._cond:
             self._cancelled += 1
             heap = self._heap
-            # (The count is a hint: a job cancelled while it runs is counted and may
-            # never come back, so "all dead" is checked before anything is dropped.)
-            if self._cancelled >= len(heap) and not any(
-                getattr(entry[2], "active", True) for entry in heap
-            ):
-                heap.clear()
-                self._cancelled = 0
-                self._cond.notify()
-            elif self._cancelled > 1024 and 2 * self._cancelled > len(heap):
+            if self._cancelled > 1024 and 2 * self._cancelled > len(heap):
                 heap[:] = [entry for entry in heap if getattr(entry[2], "active", True)]
                 heapq.heapify(heap)
                 self._cancelled = 0

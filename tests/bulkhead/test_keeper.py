@@ -67,24 +67,3 @@ def test_a_failing_job_is_logged_and_dropped(caplog: pytest.LogCaptureFixture) -
         keeper.soon(ran.set)
         assert ran.wait(5)
     assert any("lease job failed" in record.getMessage() for record in caplog.records)
-
-
-def test_the_thread_exits_soon_after_the_last_release() -> None:
-    """When every scheduled job is dead the heap empties and the thread goes after its
-    one-second linger, not when the last dead renewal would have been due (an hour
-    here); while one job is alive, nothing is dropped."""
-    keeper = LeaseKeeper()
-    far = time.monotonic() + 3600
-    alive, dead = FarJob(), FarJob()
-    keeper.schedule(far, alive)
-    keeper.schedule(far, dead)
-    thread = keeper._thread
-    assert thread is not None
-    dead.active = False
-    keeper.cancelled()
-    assert keeper.pending() == 2  # the live job keeps its place
-    alive.active = False
-    keeper.cancelled()
-    assert keeper.pending() == 0
-    thread.join(10)  # bounded wait for another thread, not for a policy timer
-    assert not thread.is_alive()
