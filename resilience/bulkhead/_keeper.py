@@ -10,8 +10,9 @@ The thread starts with the first job and exits after a second without any, so id
 processes (and test runs) carry no thread. A released lease's renewal stays scheduled
 (as a no-op) until it falls due, up to ``lease / 3`` later: dropping it at release would
 put every new renewal at the head of the queue and wake the thread on every acquire and
-release (measured: +67 µs per acquire/release pair, 1.10x raw Redis instead of 0.86x). Jobs are weakly tied to their permits: a
-permit garbage-collected without ``release()`` has its lease released here.
+release (measured: +67 µs per acquire/release pair, 1.10x raw Redis instead of 0.86x).
+Jobs are weakly tied to their permits: a permit garbage-collected without ``release()``
+has its lease released here.
 
 Lease timing is real time on purpose: a lease lives in Redis server time, which no
 injected clock can move.
