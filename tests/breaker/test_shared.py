@@ -272,18 +272,26 @@ async def test_async_election(fleet: Fleet) -> None:
     assert b.shared.statistics()["won"] == 1
 
 
-def test_paused_redis_costs_at_most_one_backend_timeout(redis_server: RedisServer) -> None:
-    """A hung Redis (SIGSTOP): the election gives up after the backend timeout, once."""
+def one_failure_trips(
+    redis_server: RedisServer, name: str, *, timeout: float, **options: Any
+) -> CircuitBreaker:
+    """A lone shared breaker that one failure opens, subscribed to its fleet channel."""
     breaker = CircuitBreaker(
-        name="paused",
-        backend=RedisBackend.from_url(redis_server.url, timeout=0.05),
+        name=name,
+        backend=RedisBackend.from_url(redis_server.url, timeout=timeout),
         failure_rate=None,
         consecutive_failures=1,
-        open_for=0.05,
+        **options,
     )
+    assert wait_for(lambda: breaker.shared is not None and breaker.shared.connected)
+    return breaker
+
+
+def test_paused_redis_costs_at_most_one_backend_timeout(redis_server: RedisServer) -> None:
+    """A hung Redis (SIGSTOP): the election gives up after the backend timeout, once."""
+    breaker = one_failure_trips(redis_server, "paused", timeout=0.05, open_for=0.05)
     assert breaker.shared is not None
     try:
-        assert wait_for(lambda: breaker.shared is not None and breaker.shared.connected)
         redis_server.pause()
         with pytest.raises(Boom):
             breaker.call(boom)
@@ -309,17 +317,11 @@ async def test_a_probe_cancelled_during_its_election_frees_the_half_open_slot(
     it is cancelled while that round trip hangs, its probe slot is given back (it stayed
     taken, and the breaker refused every call until another process spoke)."""
     clock = rs.testing.FakeClock()
-    breaker = CircuitBreaker(
-        name="cancelled-election",
-        backend=RedisBackend.from_url(redis_server.url, timeout=2.0),
-        failure_rate=None,
-        consecutive_failures=1,
-        open_for=10,
-        clock=clock,
+    breaker = one_failure_trips(
+        redis_server, "cancelled-election", timeout=2.0, open_for=10, clock=clock
     )
     assert breaker.shared is not None
     try:
-        assert wait_for(lambda: breaker.shared is not None and breaker.shared.connected)
         with pytest.raises(Boom):
             breaker.call(boom)
         clock.advance(10)
