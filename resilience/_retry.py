@@ -171,17 +171,16 @@ class Retry(PolicyBase):
             result = fn(*args, **kwargs)
         except Exception as exc:
             failure: Exception | None = exc
-            resumed: Any = None
         else:
             if self._on_result is None or not self._on_result(result):
                 return result
-            failure, resumed = None, result
+            return self._resume(fn, args, kwargs, None, result)
         # Resumed outside the except block: later attempts must not read as raised
         # while handling the first (see _chain).
         try:
-            return self._resume(fn, args, kwargs, failure, resumed)
+            return self._resume(fn, args, kwargs, failure, None)
         finally:
-            failure = None
+            failure = None  # no exception <-> frame cycle
 
     def _resume(
         self,
@@ -235,13 +234,12 @@ class Retry(PolicyBase):
             result = await fn(*args, **kwargs)
         except Exception as exc:
             failure: Exception | None = exc
-            resumed: Any = None
         else:
             if self._on_result is None or not self._on_result(result):
                 return result
-            failure, resumed = None, result
-        try:
-            return await self._resume_async(fn, args, kwargs, failure, resumed)
+            return await self._resume_async(fn, args, kwargs, None, result)
+        try:  # outside the except block (see _call)
+            return await self._resume_async(fn, args, kwargs, failure, None)
         finally:
             failure = None
 
