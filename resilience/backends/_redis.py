@@ -367,6 +367,14 @@ class RedisBackend:
                     self._loop_clients[loop] = client
         return client
 
+    @property
+    def round_trip_bound(self) -> float:
+        """Seconds after which a round trip is over, one way or the other: the socket
+        timeouts (the backend ``timeout``) bound every operation, with room for a fresh
+        connection's handshake on a busy host; async runs in a worker thread are cut
+        (and the thread abandoned) at this bound."""
+        return 2 * self.timeout + 0.05
+
     def key(self, *parts: Part) -> str:
         """A Redis key ``"{prefix}:{<parts>}"`` whose hash tag covers all ``parts``.
 
@@ -480,7 +488,7 @@ class RedisBackend:
         # The socket timeouts (= the backend timeout) bound every operation of the thread;
         # this scope is a safety net for clients built without one (the thread is then
         # abandoned). It leaves room for a fresh connection's handshake on a busy host.
-        with anyio.fail_after(2 * self.timeout + 0.05):
+        with anyio.fail_after(self.round_trip_bound):
             return await anyio.to_thread.run_sync(
                 self._run_sync, script, call, abandon_on_cancel=True
             )

@@ -350,7 +350,7 @@ class Distributed:
         local_limit: int,
         on_lease_lost: str,
     ) -> None:
-        for attribute in ("script", "key", "sync_client"):
+        for attribute in ("script", "key", "sync_client", "round_trip_bound"):
             if not hasattr(backend, attribute):
                 raise ConfigurationError(
                     "backend must be a resilience.backends.RedisBackend (or MemoryBackend), "
@@ -808,7 +808,7 @@ class Distributed:
         Used when a round trip was cut short, so its script may still reach Redis: an
         abandoned worker thread (trio) or a half-sent command can land *after* this
         release, which goes out on another connection. A second release, once any such
-        straggler is over (its socket timeout, plus the async safety net), removes a
+        straggler must be over (the backend's round-trip bound, and a little), removes a
         lease that would otherwise hold a slot until it expired.
         """
 
@@ -816,7 +816,7 @@ class Distributed:
             self.release_now(keys, token)
 
         KEEPER.soon(release)
-        KEEPER.schedule(time.monotonic() + 2 * self.backend.timeout + 0.1, release)
+        KEEPER.schedule(time.monotonic() + self.backend.round_trip_bound + 0.05, release)
 
     def lease_lost(self, permit: LeasePermit, reason: str) -> None:
         """Count and report a lost lease."""
