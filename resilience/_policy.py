@@ -58,6 +58,12 @@ class Policy(Protocol):
         ...
 
 
+def is_generator_function(fn: object) -> bool:
+    """Whether ``fn`` is a generator function, sync or async (which :func:`decorate`
+    refuses; policies with their own decorator fast paths leave these to it)."""
+    return inspect.isasyncgenfunction(fn) or inspect.isgeneratorfunction(fn)
+
+
 def decorate(policy: Policy, fn: Callable[P, T]) -> Callable[P, T]:
     """Wrap ``fn`` so that every call runs under ``policy``.
 
@@ -76,7 +82,7 @@ def decorate(policy: Policy, fn: Callable[P, T]) -> Callable[P, T]:
         return cast(Callable[P, T], type(fn)(inner))
     if not callable(fn):
         raise TypeError(f"a policy decorates a function or method, got {fn!r}")
-    if inspect.isasyncgenfunction(fn) or inspect.isgeneratorfunction(fn):
+    if is_generator_function(fn):
         # A generator's call only creates it: the policy would time, retry or count
         # nothing of the work, which runs later, outside it.
         kind = "an async generator" if inspect.isasyncgenfunction(fn) else "a generator"

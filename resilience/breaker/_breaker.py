@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast
 from .._clock import SYSTEM_CLOCK, Clock
 from .._events import GLOBAL_LISTENERS, CallRejected
 from .._keyed import BoundedMap
-from .._policy import PolicyBase
+from .._policy import PolicyBase, is_generator_function
 from .._validate import check_callable, check_clock, check_int, check_number
 from ..errors import ConfigurationError, Rejected
 from ._config import FAILURE, IGNORE, SUCCESS, BreakerConfig, Outcome
@@ -570,8 +570,7 @@ class CircuitBreaker(PolicyBase):
             not self._plain
             or self._fallback is not None
             or not inspect.isfunction(fn)
-            or inspect.isasyncgenfunction(fn)
-            or inspect.isgeneratorfunction(fn)
+            or is_generator_function(fn)
         ):
             return super().__call__(fn)
         fixed, core_for = self._core, self._core_for

@@ -18,7 +18,7 @@ from typing import Any, Final, ParamSpec, TypeVar, cast
 from .._clock import Clock
 from .._deadline import clamp
 from .._events import GLOBAL_LISTENERS, CallRejected
-from .._policy import PolicyBase, decorate
+from .._policy import PolicyBase, decorate, is_generator_function
 from .._validate import check_callable, check_choice, check_clock, check_int, check_number
 from ..backends._failover import MODES, Failover
 from ..backends._memory import MemoryBackend
@@ -474,8 +474,7 @@ class RateLimiter(PolicyBase):
             or self._max_wait_us
             or isinstance(fn, classmethod | staticmethod)
             or not callable(fn)
-            or inspect.isasyncgenfunction(fn)
-            or inspect.isgeneratorfunction(fn)
+            or is_generator_function(fn)
         ):
             return decorate(self, fn)
         if self._admit_one is not None:
