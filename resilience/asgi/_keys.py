@@ -114,7 +114,8 @@ def digest(key: str) -> str:
 # -- client_ip ---------------------------------------------------------------------------
 
 _ELEMENT = re.compile(r'(?:[^,"]|"(?:[^"\\]|\\.)*")+')
-_FOR_PARAM = re.compile(r'(?:^|;)\s*for\s*=\s*("(?:[^"\\]|\\.)*"|[^;]*)', re.IGNORECASE)
+#: One ``name=value`` pair of a Forwarded element; the value a token or a quoted-string.
+_PAIR = re.compile(r'\s*([^=;"\s]+)\s*=\s*("(?:[^"\\]|\\.)*"|[^;"]*?)\s*(?:;|$)')
 
 
 def _parse_node(token: str) -> IPv4Address | IPv6Address | None:
@@ -136,14 +137,30 @@ def _parse_node(token: str) -> IPv4Address | IPv6Address | None:
     return address
 
 
+def _for_node(element: str) -> str:
+    """The ``for=`` value of one Forwarded element; ``""`` if absent or malformed.
+
+    The element is read pair by pair, so a ``for=`` inside another parameter's
+    quoted value (``host="a;for=1.2.3.4"``, text the client chose) is never taken.
+    """
+    element = element.strip()
+    found: str | None = None
+    position = 0
+    while position < len(element):
+        pair = _PAIR.match(element, position)
+        if pair is None or pair.end() == position:
+            return ""  # not a list of pairs: no address to believe
+        if pair.group(1).lower() == "for":
+            if found is not None:
+                return ""  # RFC 7239: a parameter occurs at most once per element
+            found = pair.group(2)
+        position = pair.end()
+    return found or ""
+
+
 def _forwarded_for(values: list[str]) -> list[str]:
     """The ``for=`` node of every element of ``Forwarded`` (RFC 7239), in order."""
-    nodes: list[str] = []
-    for value in values:
-        for element in _ELEMENT.findall(value):
-            match = _FOR_PARAM.search(element.strip())
-            nodes.append(match.group(1) if match else "")
-    return nodes
+    return [_for_node(element) for value in values for element in _ELEMENT.findall(value)]
 
 
 def _x_forwarded_for(values: list[str]) -> list[str]:

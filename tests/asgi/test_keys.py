@@ -75,6 +75,27 @@ def test_forwarded_header_rfc7239() -> None:
     assert key(scope) == f"ip:{PROXY}", "with header='forwarded', X-Forwarded-For is ignored"
 
 
+@pytest.mark.parametrize("inside", ["a;for=1.1.1.1", "a;for=_hidden", "x, for=1.1.1.1"])
+def test_forwarded_for_inside_a_quoted_value_is_not_an_address(inside: str) -> None:
+    """A trusted proxy quoting the client's Host (``host="..."``) before ``for=``: the
+    text inside the quotes is the client's, and a ``for=`` in it must not become the
+    key (it used to: the client could pick a fresh bucket per request)."""
+    key = client_ip(trusted_proxies=[PROXY], header="forwarded")
+    scope = http_scope(
+        client=(PROXY, 1), headers=[("forwarded", f'host="{inside}";for=198.51.100.17')]
+    )
+    assert key(scope) == "ip:198.51.100.17"
+
+
+def test_a_malformed_forwarded_element_stops_the_walk_at_the_proxy() -> None:
+    """An element that is not a list of pairs, or names ``for=`` twice, gives no address:
+    the key is the last trusted hop, not anything the element spells."""
+    key = client_ip(trusted_proxies=[PROXY], header="forwarded")
+    for value in ("for=1.1.1.1;for=2.2.2.2", "for=1.1.1.1 garbage=", 'for="1.1.1.1'):
+        scope = http_scope(client=(PROXY, 1), headers=[("forwarded", value)])
+        assert key(scope) == f"ip:{PROXY}", value
+
+
 def test_ipv6_prefix_groups_a_network_and_mapped_ipv4_is_unwrapped() -> None:
     """``ipv6_prefix=64`` keys IPv6 clients by /64; IPv4-mapped addresses read as IPv4."""
     key = client_ip(ipv6_prefix=64)
