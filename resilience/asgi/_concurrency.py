@@ -100,17 +100,35 @@ class _Waiter:
         return self.rank, self.seq
 
 
+class _Queue:
+    """The requests waiting for one bulkhead's slots, per key, shared by every rule
+    that uses that bulkhead (the bound and the displacement span all of them)."""
+
+    __slots__ = ("arrivals", "max_queue", "waiting")
+
+    def __init__(self, bulkhead: Any, max_queue: int | Literal["auto"] | None) -> None:
+        if max_queue == "auto":
+            limit = getattr(bulkhead, "max_concurrent", None)
+            max_queue = max(AUTO_QUEUE, limit) if isinstance(limit, int) else AUTO_QUEUE
+        elif isinstance(max_queue, str):
+            raise ConfigurationError(f"max_queue must be an int, 'auto' or None, got {max_queue!r}")
+        self.max_queue: int | None = check_int("max_queue", max_queue, allow_none=True)
+        #: Requests now waiting for a slot, per key (absent: none).
+        self.waiting: dict[str | None, list[_Waiter]] = {}
+        self.arrivals = 0
+
+
 class _Plan:
     __slots__ = (
         "acquire",
-        "arrivals",
         "key",
-        "max_queue",
         "max_wait",
         "policy",
         "priority",
         "priority_fn",
-        "waiting",
+        "queue",
+        "queued",
+        "rejected",
     )
 
     def __init__(
@@ -119,7 +137,7 @@ class _Plan:
         key: KeyFunction | None,
         priority: int | Callable[[Scope], int] | None,
         max_wait: float | None,
-        max_queue: int | Literal["auto"] | None,
+        queue: _Queue,
     ) -> None:
         if not callable(getattr(bulkhead, "acquire_async", None)):
             raise ConfigurationError(
@@ -128,12 +146,23 @@ class _Plan:
         # The acquisition without the bulkhead's own admission event: the middleware
         # reports each request once (RequestAdmitted, with the time it queued).
         # (A subclass that overrides acquire_async keeps its override.)
-        quiet = getattr(bulkhead, "_acquire_quietly_async", None)
-        self.acquire = (
-            bulkhead.acquire_async
-            if quiet is None or type(bulkhead).acquire_async is not Bulkhead.acquire_async
-            else lambda key, *, priority=None, max_wait=None: quiet(key, priority, max_wait)
-        )
+        #: ``queued(key, priority, max_wait, may_wait)``: the quiet acquisition that asks
+        #: ``may_wait()`` just before it queues (None for other bulkheads: they are
+        #: counted as waiting from their arrival).
+        self.queued: Callable[..., Any] | None = None
+        #: Counts and reports a refusal as the bulkhead's own (``CallRejected``).
+        self.rejected: Callable[[Any], BulkheadFull] | None = None
+        self.acquire: Callable[..., Any] = bulkhead.acquire_async
+        if (
+            isinstance(bulkhead, Bulkhead)
+            and type(bulkhead).acquire_async is Bulkhead.acquire_async
+        ):
+            quiet = bulkhead._acquire_quietly_async
+            self.acquire = lambda key, *, priority=None, max_wait=None: quiet(
+                key, priority, max_wait
+            )
+            self.queued = quiet
+            self.rejected = bulkhead._rejected
         self.policy = str(getattr(bulkhead, "name", "Bulkhead"))
         self.key = None if key is None else _as_key(key).func
         if callable(priority):
@@ -143,15 +172,7 @@ class _Plan:
             self.priority_fn = None
             self.priority = check_int("priority", priority, minimum=-(2**31), allow_none=True)
         self.max_wait: float | None = check_number("max_wait", max_wait, allow_none=True)
-        if max_queue == "auto":
-            limit = getattr(bulkhead, "max_concurrent", None)
-            max_queue = max(AUTO_QUEUE, limit) if isinstance(limit, int) else AUTO_QUEUE
-        elif isinstance(max_queue, str):
-            raise ConfigurationError(f"max_queue must be an int, 'auto' or None, got {max_queue!r}")
-        self.max_queue: int | None = check_int("max_queue", max_queue, allow_none=True)
-        #: Requests of this plan now waiting for a slot, per key (absent: none).
-        self.waiting: dict[str | None, list[_Waiter]] = {}
-        self.arrivals = 0
+        self.queue = queue
 
 
 class ConcurrencyLimitMiddleware(Observed):
@@ -229,20 +250,30 @@ class ConcurrencyLimitMiddleware(Observed):
             exempt = [exempt]
         self._exempt_path = path_predicate(list(exempt))
         self._exempt_when = check_callable("exempt_when", exempt_when)
-        self._default = _Plan(bulkhead, key, priority, max_wait, max_queue)
+        # One queue per bulkhead, whichever rules share it.
+        queues: dict[int, tuple[Any, _Queue]] = {}
+
+        def queue_of(bulkhead: Any) -> _Queue:
+            entry = queues.get(id(bulkhead))
+            if entry is None:
+                entry = queues[id(bulkhead)] = (bulkhead, _Queue(bulkhead, max_queue))
+            return entry[1]
+
+        self._default = _Plan(bulkhead, key, priority, max_wait, queue_of(bulkhead))
         matcher = Matcher(rules, allowed=_ALLOWED, owner="ConcurrencyLimitMiddleware")
         plans: list[_Plan | None] = []
         for rule in matcher.rules:
             if rule.exempt:
                 plans.append(None)
                 continue
+            rule_bulkhead = bulkhead if rule.bulkhead is UNSET else rule.bulkhead
             plans.append(
                 _Plan(
-                    bulkhead if rule.bulkhead is UNSET else rule.bulkhead,
+                    rule_bulkhead,
                     key if rule.key is UNSET else rule.key,
                     priority if rule.priority is UNSET else rule.priority,
                     max_wait if rule.max_wait is UNSET else rule.max_wait,
-                    max_queue,
+                    queue_of(rule_bulkhead),
                 )
             )
         self._plans = plans
@@ -295,7 +326,7 @@ class ConcurrencyLimitMiddleware(Observed):
         observed = bool(GLOBAL_LISTENERS or self._listeners)
         started = self._clock.monotonic() if observed else 0.0
         try:
-            if plan.max_queue is None:
+            if plan.queue.max_queue is None:
                 permit = await plan.acquire(key, priority=priority, max_wait=plan.max_wait)
             else:
                 permit = await self._acquire_queued(plan, key, priority)
@@ -346,39 +377,56 @@ class ConcurrencyLimitMiddleware(Observed):
 
     @staticmethod
     async def _acquire_queued(plan: _Plan, key: str | None, priority: int | None) -> Any:
-        """Acquire as one of at most ``plan.max_queue`` waiters of ``key``.
+        """Acquire as one of at most ``max_queue`` waiters of ``key`` for the bulkhead.
 
-        With the queue full, a newcomer more urgent than the least urgent waiter takes
-        that waiter's place (the newest of the least urgent class is refused, so
-        interactive requests are not shed while batch ones wait); otherwise it takes
-        a free slot or is refused at once. Raises :class:`BulkheadFull` when refused.
+        The bound applies when a request would queue (no slot free): then, with the
+        queue full, a newcomer more urgent than the least urgent waiter takes that
+        waiter's place (the newest of the least urgent class is refused, so
+        interactive requests are not shed while batch ones wait); otherwise it is
+        refused. Raises :class:`BulkheadFull` when refused or displaced.
         """
-        queue = plan.waiting.get(key)
-        if queue is None:
-            queue = plan.waiting[key] = []
+        queue = plan.queue
         rank = _URGENT if priority is None else priority
-        if len(queue) >= plan.max_queue:  # type: ignore[operator]
-            victim = max(queue, key=_Waiter.order, default=None)
-            if victim is None or victim.rank <= rank:
-                if not queue:
-                    del plan.waiting[key]
-                return await plan.acquire(key, priority=priority, max_wait=0.0)
-            queue.remove(victim)
-            victim.evicted = True
-            victim.scope.cancel()
-        plan.arrivals += 1
-        waiter = _Waiter(rank, plan.arrivals)
-        queue.append(waiter)
+        queue.arrivals += 1
+        waiter = _Waiter(rank, queue.arrivals)
+        line: list[_Waiter] | None = None
+
+        def may_wait() -> bool:
+            nonlocal line
+            line = queue.waiting.get(key)
+            if line is None:
+                line = queue.waiting[key] = []
+            if len(line) >= queue.max_queue:  # type: ignore[operator]
+                victim = max(line, key=_Waiter.order, default=None)
+                if victim is None or victim.rank <= rank:
+                    if not line:
+                        del queue.waiting[key]
+                    line = None
+                    return False
+                line.remove(victim)
+                victim.evicted = True
+                victim.scope.cancel()
+            line.append(waiter)
+            return True
+
         try:
             with waiter.scope:
+                if plan.queued is not None:
+                    return await plan.queued(key, priority, plan.max_wait, may_wait)
+                # A bulkhead of another kind: counted as waiting from its arrival.
+                if not may_wait():
+                    return await plan.acquire(key, priority=priority, max_wait=0.0)
                 return await plan.acquire(key, priority=priority, max_wait=plan.max_wait)
         finally:
-            if not waiter.evicted:
-                queue.remove(waiter)
-            if not queue and plan.waiting.get(key) is queue:
-                del plan.waiting[key]
+            if line is not None:
+                if not waiter.evicted:
+                    line.remove(waiter)
+                if not line and queue.waiting.get(key) is line:
+                    del queue.waiting[key]
         # Only our own scope's cancellation ends the block without a permit: a more
-        # urgent newcomer displaced this request.
+        # urgent newcomer displaced this request. The bulkhead counts and reports it.
+        if plan.rejected is not None:
+            raise plan.rejected(key)
         raise BulkheadFull("displaced from the full queue by a more urgent request")
 
 

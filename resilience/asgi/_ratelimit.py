@@ -76,9 +76,14 @@ class _Plan:
         #: The limiter's own name: events carry it, so that they line up with its own.
         self.policy = str(getattr(limiter, "name", name))
         # A RateLimiter's decisions without its own admission events: the middleware
-        # reports admissions itself (RequestAdmitted), once per request. A subclass or
-        # another limiter is called through its public methods (overrides included).
-        exact = type(limiter) is RateLimiter
+        # reports admissions itself (RequestAdmitted), once per request. A subclass that
+        # overrides try_acquire(_async), or another limiter, is called through its
+        # public methods (its overrides, and the events they emit, included).
+        exact = (
+            isinstance(limiter, RateLimiter)
+            and type(limiter).try_acquire is RateLimiter.try_acquire
+            and type(limiter).try_acquire_async is RateLimiter.try_acquire_async
+        )
         self.acquire = limiter._decide_async if exact else limiter.try_acquire_async
         # An in-process limiter decides without I/O: call its sync twin and save the
         # coroutine (the limiter's own async shell does the same for local buckets).
@@ -107,12 +112,7 @@ class _Plan:
         self.take_one: Callable[[str], Any] | None = None
         self.count: Callable[[Any, str], Any] = _no_count
         self.admitted_fields: Callable[[int], Sequence[tuple[bytes, bytes]]] = _no_fields
-        if (
-            type(limiter) is RateLimiter
-            and type(buckets) is MemoryBuckets
-            and self.cost_fn is None
-            and self.cost == 1
-        ):
+        if exact and type(buckets) is MemoryBuckets and self.cost_fn is None and self.cost == 1:
             self.take_one = buckets.take_one
             self.count = limiter._count
             self.admitted_fields = self.headers.for_fill(buckets.gcra)

@@ -270,17 +270,26 @@ class Bulkhead(PolicyBase):
         return permit
 
     async def _acquire_quietly_async(
-        self, key: Hashable, priority: int | None, max_wait: float | None
+        self,
+        key: Hashable,
+        priority: int | None,
+        max_wait: float | None,
+        may_wait: Callable[[], bool] | None = None,
     ) -> Permit:
         """:meth:`acquire_async` without the admission event (the ASGI middleware
-        reports its own, once per request)."""
+        reports its own, once per request).
+
+        ``may_wait`` is asked once, when no slot is free and the caller is about to
+        queue (not while a Redis round trip is still deciding); ``False`` refuses the
+        call as a full bulkhead would (counted, ``CallRejected``).
+        """
         priority = self._direct_priority(priority)
         wait = self.max_wait if max_wait is None else _check_wait(max_wait)
         if self._remote is not None:
-            return await self._remote.acquire_async(key, priority, wait)
+            return await self._remote.acquire_async(key, priority, wait, may_wait)
         n = self._slots.try_acquire(key)
         if not n:
-            await self._wait_async(key, priority, wait)
+            await self._wait_async(key, priority, wait, may_wait)
             n = self._limit
         return Permit(self, key, self._sample_start(n))
 
@@ -523,9 +532,15 @@ class Bulkhead(PolicyBase):
                 timer.cancel()
         self._end_wait(waiter)
 
-    async def _wait_async(self, key: Hashable, priority: int, max_wait: float) -> None:
+    async def _wait_async(
+        self,
+        key: Hashable,
+        priority: int,
+        max_wait: float,
+        may_wait: Callable[[], bool] | None = None,
+    ) -> None:
         """Suspend until a slot of ``key`` is handed over, or raise BulkheadFull."""
-        waiter = self._begin_wait(async_waiter(key), priority, max_wait)
+        waiter = self._begin_wait(async_waiter(key), priority, max_wait, may_wait)
         if waiter is None:
             return
         timer = self._arm(waiter, max_wait)
@@ -539,10 +554,16 @@ class Bulkhead(PolicyBase):
                 timer.cancel()
         self._end_wait(waiter)
 
-    def _begin_wait(self, waiter: Any, priority: int, max_wait: float) -> Any:
+    def _begin_wait(
+        self,
+        waiter: Any,
+        priority: int,
+        max_wait: float,
+        may_wait: Callable[[], bool] | None = None,
+    ) -> Any:
         """Queue ``waiter``; None if a slot was taken on the way, raises if no wait allowed."""
         key = waiter.key
-        if _deadline.clamp(max_wait) <= 0:
+        if _deadline.clamp(max_wait) <= 0 or (may_wait is not None and not may_wait()):
             raise self._rejected(key)
         if self._slots.enqueue(waiter, priority):
             return None

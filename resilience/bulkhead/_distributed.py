@@ -287,6 +287,7 @@ class _Attempt:
         "key",
         "keys",
         "max_wait",
+        "may_wait",
         "priority",
         "queued",
         "signal",
@@ -313,6 +314,8 @@ class _Attempt:
         self.signal: Any = None
         self.queued = False
         self.in_flight = False
+        #: Asked before this attempt first queues (the ASGI middleware's queue bound).
+        self.may_wait: Callable[[], bool] | None = None
 
 
 class _LocalQueue:
@@ -441,12 +444,22 @@ class Distributed:
         finally:
             self._finish(attempt)
 
-    async def acquire_async(self, key: Hashable, priority: int, max_wait: float) -> Permit:
-        """Take a lease of ``key``, suspending the task up to ``max_wait`` (shell)."""
+    async def acquire_async(
+        self,
+        key: Hashable,
+        priority: int,
+        max_wait: float,
+        may_wait: Callable[[], bool] | None = None,
+    ) -> Permit:
+        """Take a lease of ``key``, suspending the task up to ``max_wait`` (shell).
+
+        ``may_wait``: see ``Bulkhead._acquire_quietly_async``.
+        """
         if not self.failover.use_backend():
             self.failover.fallback(key)
-            return await self._degraded_async(key, priority, max_wait)
+            return await self._degraded_async(key, priority, max_wait, may_wait)
         attempt = _Attempt(key, self.keys_for(key), priority, max_wait, async_signal)
+        attempt.may_wait = may_wait
         try:
             delay: Permit | float = self._join(attempt)
             while True:
@@ -459,7 +472,7 @@ class Distributed:
                     )
                 except BackendError as exc:
                     wait = self._backend_failed(attempt, exc)
-                    return await self._degraded_async(key, priority, wait)
+                    return await self._degraded_async(key, priority, wait, may_wait)
                 delay = self._after_try(attempt, reply)
                 if isinstance(delay, Permit):
                     return delay
@@ -505,6 +518,7 @@ class Distributed:
         budget = _deadline.clamp(attempt.max_wait)
         if budget <= 0:
             return 0.0  # may not wait: one try (it can only win a free slot)
+        self._may_queue(attempt)
         attempt.deadline = _now() + budget
         attempt.signal = attempt.signal_factory()
         self._enqueue(attempt)
@@ -532,6 +546,7 @@ class Distributed:
             budget = _deadline.clamp(attempt.max_wait)
             if budget <= 0:
                 raise self._rejected(attempt.key)
+            self._may_queue(attempt)
             attempt.deadline = now + budget
             attempt.signal = attempt.signal_factory()
             self._enqueue(attempt)
@@ -541,6 +556,11 @@ class Distributed:
         if self._is_head(attempt):
             return min(remaining, wait_ms / 1000.0)
         return remaining
+
+    def _may_queue(self, attempt: _Attempt) -> None:
+        """Raise BulkheadFull if the caller's ``may_wait`` refuses to let it queue."""
+        if attempt.may_wait is not None and not attempt.may_wait():
+            raise self._rejected(attempt.key)
 
     def _backend_failed(self, attempt: _Attempt, error: BackendError) -> float:
         """Redis failed mid-attempt: clean up, switch mode; returns the wait left."""
@@ -582,13 +602,22 @@ class Distributed:
         self.twin.acquire(key, priority=priority, max_wait=max_wait)
         return self._local_slot(key)
 
-    async def _degraded_async(self, key: Hashable, priority: int, max_wait: float) -> Permit:
+    async def _degraded_async(
+        self,
+        key: Hashable,
+        priority: int,
+        max_wait: float,
+        may_wait: Callable[[], bool] | None = None,
+    ) -> Permit:
         mode = self.failover.mode
         if mode == "closed":
             self.failover.raise_closed()
         if mode == "open" or self.twin is None:
             return _OpenPermit(self.owner, key)
-        await self.twin.acquire_async(key, priority=priority, max_wait=max_wait)
+        if may_wait is None:
+            await self.twin.acquire_async(key, priority=priority, max_wait=max_wait)
+        else:
+            await self.twin._acquire_quietly_async(key, priority, max_wait, may_wait)
         return self._local_slot(key)
 
     def _local_slot(self, key: Hashable) -> LeasePermit:

@@ -151,6 +151,63 @@ async def test_an_urgent_newcomer_displaces_the_newest_least_urgent_waiter() -> 
     assert bulkhead.statistics().in_flight == 0
 
 
+async def test_rules_sharing_a_bulkhead_share_its_queue() -> None:
+    """``max_queue`` bounds the waiters of a bulkhead, whichever rule they came by: a
+    batch request queued through ``Rule("/reports/*", priority=10)`` is the one an
+    interactive request displaces, and no more than ``max_queue`` wait (each rule used
+    to keep a queue of its own: three waited, and an interactive request was shed
+    while the batch one stayed)."""
+    gate = Gate()
+    bulkhead = Bulkhead(1, max_wait=60, clock=FakeClock())
+    app = ConcurrencyLimitMiddleware(
+        gate, bulkhead=bulkhead, priority=0, rules=[Rule("/reports/*", priority=10)], max_queue=2
+    )
+    results: dict[str, int] = {}
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(record, app, http_scope("/hold"), results)
+        await wait_for(lambda: gate.entered)
+        tg.start_soon(record, app, http_scope("/reports/1"), results)
+        await wait_for(lambda: bulkhead.statistics().waiting == 1)
+        tg.start_soon(record, app, http_scope("/a"), results)
+        await wait_for(lambda: bulkhead.statistics().waiting == 2)
+        tg.start_soon(record, app, http_scope("/b"), results)
+        await wait_for(lambda: results.get("/reports/1") == 503)
+        assert bulkhead.statistics().waiting == 2
+        with anyio.fail_after(5):
+            assert (await call(app, http_scope("/c"))).status == 503
+        gate.release.set()
+    assert gate.entered == ["/hold", "/a", "/b"]
+    assert results == {"/hold": 200, "/reports/1": 503, "/a": 200, "/b": 200}
+
+
+async def test_a_displaced_request_is_a_rejection_of_the_bulkhead() -> None:
+    """The request a more urgent one displaces is refused like any other: the bulkhead
+    counts it and emits ``CallRejected`` (it used to get its 503 unreported, so the
+    rejection metrics missed it)."""
+    from resilience import CallRejected
+
+    gate = Gate()
+    bulkhead = Bulkhead(1, max_wait=60, clock=FakeClock(), name="slots")
+    rejected: list[Any] = []
+    bulkhead.add_listener(lambda e: rejected.append(e) if isinstance(e, CallRejected) else None)
+    app = ConcurrencyLimitMiddleware(
+        gate, bulkhead=bulkhead, priority=header_priority("x-priority"), max_queue=1
+    )
+    results: dict[str, int] = {}
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(record, app, http_scope("/hold"), results)
+        await wait_for(lambda: gate.entered)
+        tg.start_soon(record, app, http_scope("/batch", headers=[("x-priority", "10")]), results)
+        await wait_for(lambda: bulkhead.statistics().waiting == 1)
+        tg.start_soon(record, app, http_scope("/ui", headers=[("x-priority", "0")]), results)
+        await wait_for(lambda: results.get("/batch") == 503)
+        gate.release.set()
+    assert results == {"/hold": 200, "/batch": 503, "/ui": 200}
+    assert [e.policy for e in rejected] == ["slots"]
+    assert bulkhead.statistics().rejected == 1
+    assert app.statistics() == {"shed": 1}
+
+
 async def test_by_default_the_queue_is_bounded_too() -> None:
     """200 requests at a cap of 2: two run, 64 wait (the default bound: the cap, at least
     64), the other 134 are refused at once instead of waiting out ``max_wait``;
@@ -358,6 +415,65 @@ async def test_a_distributed_release_never_blocks_the_event_loop(
         bulkhead.close()
     assert seen == [(True, False)]
     assert bulkhead.statistics().in_flight == 0
+
+
+@pytest.mark.redis
+async def test_a_distributed_round_trip_is_not_a_place_in_the_queue(redis_server: Any) -> None:
+    """With free slots, requests still in their Redis round trip are not waiting: a
+    burst of ten, one of them batch, all get in through ``max_queue=1`` (they used to
+    count as waiters, and the batch one was displaced by an interactive one)."""
+    from resilience.backends import RedisBackend
+
+    bulkhead = Bulkhead(
+        50, max_wait=5, backend=RedisBackend.from_url(redis_server.url), name="asgi-burst"
+    )
+    app = ConcurrencyLimitMiddleware(
+        ok_app, bulkhead=bulkhead, priority=header_priority("x-priority"), max_queue=1
+    )
+    statuses: list[int] = []
+
+    async def one(priority: str) -> None:
+        scope = http_scope(headers=[("x-priority", priority)])
+        statuses.append((await call(app, scope)).status)
+
+    try:
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(one, "10")
+                for _ in range(9):
+                    tg.start_soon(one, "0")
+        assert statuses == [200] * 10
+        assert app.statistics() == {"shed": 0}
+        assert bulkhead.statistics().rejected == 0
+    finally:
+        bulkhead.close()
+
+
+@pytest.mark.redis
+async def test_a_distributed_bulkhead_bounds_its_queue(redis_server: Any) -> None:
+    """A full distributed bulkhead: one request waits (``max_queue=1``), the next
+    equally urgent one is refused at once and counted by the bulkhead."""
+    from resilience.backends import RedisBackend
+
+    gate = Gate()
+    bulkhead = Bulkhead(
+        1, max_wait=30, backend=RedisBackend.from_url(redis_server.url), name="asgi-full"
+    )
+    app = ConcurrencyLimitMiddleware(gate, bulkhead=bulkhead, max_queue=1)
+    results: dict[str, int] = {}
+    try:
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(record, app, http_scope("/hold"), results)
+                await wait_for(lambda: gate.entered)
+                tg.start_soon(record, app, http_scope("/a"), results)
+                await wait_for(lambda: bulkhead.statistics().waiting == 1)
+                assert (await call(app, http_scope("/b"))).status == 503
+                gate.release.set()
+        assert results == {"/hold": 200, "/a": 200}
+        assert bulkhead.statistics().rejected == 1
+    finally:
+        bulkhead.close()
 
 
 async def _receive_nothing() -> dict[str, Any]:

@@ -470,3 +470,30 @@ async def test_a_limiter_subclass_is_called_through_its_own_methods() -> None:
     assert (await call(app, http_scope(client=("203.0.113.9", 1)))).status == 200
     assert len(keys) == 1
     assert "203.0.113.9" not in str(keys[0])
+
+
+async def test_a_plain_limiter_subclass_is_one_admission_in_the_metrics() -> None:
+    """A subclass that overrides none of the acquisition methods is counted like the
+    class itself: one admission per request (the limiter's own CallAdmitted used to be
+    added on top, doubling the admitted count)."""
+    from resilience import add_listener, remove_listener
+    from resilience.observability import samples
+
+    class Named(RateLimiter):
+        pass
+
+    app = RateLimitMiddleware(ok_app, limiter=Named("100/s", name="named"))
+    decisions: list[str] = []
+
+    def count(event: Any) -> None:
+        for series, _value, labels in samples(event):
+            if series.name == "resilience.decisions":
+                decisions.append(labels[1])
+
+    add_listener(count)
+    try:
+        for _ in range(3):
+            assert (await call(app, http_scope())).status == 200
+    finally:
+        remove_listener(count)
+    assert decisions == ["admitted"] * 3
