@@ -29,9 +29,9 @@ class RetryBudget:
     """Allow retries up to ``ratio`` of recent calls plus ``min_per_second``.
 
     Over a sliding ``window`` of seconds (kept as one-second buckets), a retry is
-    allowed while::
+    allowed only if, with it, the window stays within the budget::
 
-        retries_in_window < ratio · calls_in_window + min_per_second · window
+        retries_in_window + 1 <= ratio · calls_in_window + min_per_second · window
 
     so under a total outage the retries add at most ``ratio`` to the load, plus a
     small floor so that low-traffic callers can still retry. Share one budget

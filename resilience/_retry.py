@@ -134,7 +134,6 @@ class Retry(PolicyBase):
                 self._emit(RetryBudgetExhausted(policy=self.name, attempt=attempt))
             return self._give_up(attempt, "budget", exc)
         run.attempt = attempt + 1
-        self._retries += 1
         if self._observed:
             self._emit(
                 RetryScheduled(policy=self.name, attempt=attempt, delay=delay, exception=exc)
@@ -206,6 +205,7 @@ class Retry(PolicyBase):
                 if delay is None:
                     return result  # type: ignore[no-any-return]
             self._clock.sleep(delay)
+            self._retries += 1  # counted once started: a cancelled backoff is no retry
             try:
                 result = fn(*args, **kwargs)
             except Exception as error:
@@ -265,6 +265,7 @@ class Retry(PolicyBase):
                 if delay is None:
                     return result  # type: ignore[no-any-return]
             await self._clock.sleep_async(delay)
+            self._retries += 1  # counted once started (see _resume)
             try:
                 result = await fn(*args, **kwargs)
             except Exception as error:

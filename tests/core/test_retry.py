@@ -166,6 +166,27 @@ def test_budget_caps_retries_under_total_failure(fake_clock: FakeClock) -> None:
     assert retry.statistics().budget_refusals > 0
 
 
+@given(
+    ratio=st.sampled_from([0.1, 0.2, 0.5, 1.0]),
+    calls=st.integers(min_value=0, max_value=40),
+    floor=st.sampled_from([0.0, 0.25, 1.0]),
+)
+def test_budget_never_lets_retries_exceed_the_formula(
+    ratio: float, calls: int, floor: float
+) -> None:
+    """Withdrawals stop exactly where ``retries + 1 <= ratio·calls + floor·window`` stops
+    holding: never more retries than the budget, none fewer."""
+    clock = FakeClock()
+    budget = rs.RetryBudget(ratio=ratio, min_per_second=floor, window=4, clock=clock)
+    for _ in range(calls):
+        budget.deposit()
+    granted = 0
+    while budget.try_withdraw():
+        granted += 1
+    bound = ratio * calls + floor * 4
+    assert granted <= bound < granted + 1
+
+
 def test_without_budget_every_attempt_runs(fake_clock: FakeClock) -> None:
     """The same outage without a budget costs 3 attempts per call."""
     attempts = 0
@@ -470,3 +491,25 @@ def test_an_exception_raised_again_by_every_attempt_makes_no_cycle(fake_clock: F
         seen.append(exc)
         exc = exc.__context__
     assert seen[0] is error  # the fifth attempt's
+
+
+@pytest.mark.anyio
+async def test_a_retry_cancelled_in_its_backoff_is_not_counted() -> None:
+    """Cancelled while sleeping before attempt 2: ``retries`` counts attempts started,
+    so it stays 0 (it used to count the retry when it was scheduled)."""
+    import anyio
+
+    clock = FakeClock()
+    retry = rs.Retry(on=ConnectionError, attempts=5, backoff=backoff.constant(10), clock=clock)
+    calls = 0
+
+    async def fails_then_cancels() -> None:
+        nonlocal calls
+        calls += 1
+        scope.cancel()
+        raise ConnectionError
+
+    with anyio.CancelScope() as scope:
+        await retry.call_async(fails_then_cancels)
+    assert calls == 1
+    assert retry.statistics().retries == 0
