@@ -6,11 +6,13 @@ emission interval kept exact as ``eq + er/d`` microseconds. Keys are
 ``prefix:{rl:<limiter>:<params>:<key>}`` (one hash tag: Redis Cluster works; long or
 binary user keys hashed) and expire (``PX``) when the bucket is full again.
 
-**Denial cache.** A refusal says "not before ``retry_after``". Until then, the same or a
-costlier request for that key is refused locally, with no round trip. The cache is
-conservative (its deadline is measured from when the reply arrived, never earlier than
-Redis' own, in real time like Redis' clock), so it never admits anything Redis would
-refuse.
+**Denial cache.** A refusal carries the bucket's state: ``reset_after``, the time until
+it is full again, gives its theoretical arrival time ``tat``. Until ``tat`` has passed,
+any request for that key that the bucket could not admit yet (``tat + cost·E - T > now``)
+is refused locally, with no round trip and with its own exact ``retry_after``. The cache
+only ever refuses, and ``tat`` only grows on Redis, so it never admits anything Redis
+would refuse; its clock starts when the reply arrived (in real time, like Redis'), so it
+errs towards refusing for at most that round trip longer.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ class RedisBuckets:
         "_burst",
         "_calls",
         "_denied",
+        "_emission_s",
         "_emission_us",
         "_frac",
         "_monotonic",
@@ -61,6 +64,7 @@ class RedisBuckets:
         "_run",
         "_run_async",
         "_script",
+        "_tolerance_s",
         "_tolerance_us",
         "_unkeyed",
         "backend",
@@ -92,6 +96,8 @@ class RedisBuckets:
         # Whole-microsecond emission intervals need no fractional part (the fast path).
         self._argv = (eq, tq)
         self._emission_us, self._tolerance_us = eq, tq
+        self._emission_s = gcra.emission / d / 1e6
+        self._tolerance_s = gcra.tolerance / d / 1e6
         self._frac = () if er == 0 else (er, d, tr)
         self._burst = gcra.burst
         self._monotonic = time.monotonic
@@ -100,8 +106,9 @@ class RedisBuckets:
         self._unkeyed = backend.key(*self._namespace)
         #: key -> the packed default decision (cost 1, no reservation) for that key
         self._calls: dict[Hashable, PreparedCall] = {}
-        #: key -> (local time until which it is refused, the cost refused)
-        self._denied: dict[Hashable, tuple[float, int]] = {}
+        #: key -> its bucket's theoretical arrival time on the local monotonic clock,
+        #: learnt from a refusal
+        self._denied: dict[Hashable, float] = {}
         self.denial_cache_size = denial_cache_size
         #: Refusals answered by the denial cache (no round trip).
         self.denial_cache_hits = 0
@@ -131,19 +138,21 @@ class RedisBuckets:
         )
 
     def _cached_refusal(self, key: Hashable, cost: int, max_wait_us: int) -> Decision | None:
-        entry = self._denied.get(key)
-        if entry is None:
+        """The refusal Redis would give, from the cached ``tat``; None: ask Redis."""
+        tat = self._denied.get(key)
+        if tat is None:
             return None
-        until, refused_cost = entry
-        now = self._monotonic()
-        if now >= until:
-            self._denied.pop(key, None)
+        fill = tat - self._monotonic()  # the bucket's reset_after now
+        if fill <= 0:
+            del self._denied[key]  # full again: nothing left to refuse
             return None
-        retry_after = until - now
-        if cost < refused_cost or max_wait_us >= retry_after * 1_000_000:
+        retry_after = fill + cost * self._emission_s - self._tolerance_s
+        if retry_after <= 0 or max_wait_us >= retry_after * 1_000_000:
             return None
         self.denial_cache_hits += 1
-        return make_decision((False, 0, retry_after, retry_after, self._burst, 0.0))
+        # Whole tokens left (the 1e-9 absorbs float error at exact multiples).
+        remaining = max(0, int((self._tolerance_s - fill) / self._emission_s + 1e-9))
+        return make_decision((False, remaining, retry_after, fill, self._burst, 0.0))
 
     def _decision(self, key: Hashable, cost: int, reply: Any) -> Decision:
         # reply: b"wait_us reset_us" (+ b" remaining" for fractional emission intervals);
@@ -162,7 +171,7 @@ class RedisBuckets:
         denied = self._denied
         if len(denied) >= self.denial_cache_size:
             denied.pop(next(iter(denied)), None)
-        denied[key] = (self._monotonic() + retry_after, cost)
+        denied[key] = self._monotonic() + reset_us / 1e6
         return make_decision((False, remaining, retry_after, reset_us / 1e6, self._burst, 0.0))
 
     def take(self, key: Hashable, cost: int, max_wait_us: int) -> Decision:

@@ -110,6 +110,30 @@ def test_denial_cache_answers_repeat_refusals_locally(redis_server: RedisServer)
     assert redis_server.commandstats()["evalsha"] == 2
 
 
+def test_denial_cache_answers_each_cost_with_its_own_wait(redis_server: RedisServer) -> None:
+    """Cached refusals carry the numbers Redis (and the memory backend) would give: a
+    cost-2 request after a cost-1 refusal waits 40 s, not the cached 20 s, and
+    ``reset_after`` is the time until full (both used to be the cost-1 refusal's
+    ``retry_after``: a client that waited its Retry-After was refused again)."""
+    redis_limiter = rs.RateLimiter(
+        "3/min", backend=RedisBackend.from_url(redis_server.url, timeout=1.0), name="costs"
+    )
+    memory_limiter = rs.RateLimiter("3/min")
+    for limiter in (redis_limiter, memory_limiter):
+        for _ in range(3):
+            assert limiter.try_acquire("u")
+    costs = [1, 2, 3, 1, 0]
+    redis_decisions = [redis_limiter.try_acquire("u", cost=c) for c in costs]
+    memory_decisions = [memory_limiter.try_acquire("u", cost=c) for c in costs]
+    assert redis_limiter.statistics().denial_cache_hits == 3  # costs 2, 3 and 1 again
+    for cost, on_redis, in_memory in zip(costs, redis_decisions, memory_decisions, strict=True):
+        assert on_redis.allowed == in_memory.allowed, cost
+        assert on_redis.remaining == in_memory.remaining, cost
+        assert on_redis.retry_after == pytest.approx(in_memory.retry_after, abs=0.5), cost
+        assert on_redis.reset_after == pytest.approx(in_memory.reset_after, abs=0.5), cost
+    assert [d.retry_after for d in redis_decisions[:3]] == pytest.approx([20, 40, 60], abs=0.5)
+
+
 def test_denial_cache_expires_in_real_time_like_redis(redis_server: RedisServer) -> None:
     """A refusal really waited out is not refused again from the cache, even when the
     limiter runs on a FakeClock (Redis' TIME is real, whatever the limiter's clock)."""
