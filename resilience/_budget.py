@@ -14,7 +14,11 @@ __all__ = ["RetryBudget", "RetryBudgetStatistics"]
 
 @dataclass(frozen=True, slots=True)
 class RetryBudgetStatistics:
-    """A snapshot of a :class:`RetryBudget` over its current window.
+    """A snapshot of a :class:`RetryBudget`.
+
+    ``calls``, ``retries`` and ``available`` (retries the budget would still grant)
+    cover the current window; ``refused`` counts every refusal since the budget was
+    made.
 
     Example: ``budget.statistics().available``
     """
@@ -107,7 +111,8 @@ class RetryBudget:
             return True
 
     def statistics(self) -> RetryBudgetStatistics:
-        """Calls, retries and refusals in the current window, and retries still available."""
+        """Calls and retries in the current window, retries still available, and
+        refusals since the budget was made."""
         with self._lock:
             self._bucket(self._clock.monotonic())
             calls, retries = self._totals()

@@ -15,6 +15,7 @@ Windows have whole-second periods (limits' granularity) and read limits' wall cl
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 from collections.abc import Hashable
 from typing import Any
@@ -44,12 +45,31 @@ def _limit_item(rate: Rate) -> Any:
     return RateLimitItemPerSecond(rate.amount, int(seconds))
 
 
+#: Characters a window key part may keep as they are: limits joins parts with "/", so
+#: a "/" in a name or key could make two limits share a window ("api" + "v2/alice" and
+#: "api/v2" + "alice"); "#" marks a hashed part, so raw and hashed parts never meet.
+_RAW = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.:@=+,")
+_MAX_RAW = 64
+
+
 def _identifier(key: Hashable) -> str:
+    """A key (or limiter name) as one part of limits' storage key.
+
+    Short text of safe characters stays readable; anything else (long, binary, with a
+    separator, user input) is hashed, so it is never pasted raw into a Redis key.
+    """
     if key is None:
         return "-"
+    if isinstance(key, int) and not isinstance(key, bool):
+        return str(key)
+    if isinstance(key, str) and 0 < len(key) <= _MAX_RAW and _RAW.issuperset(key):
+        return key
     if isinstance(key, bytes):
-        return key.hex()
-    return str(key)
+        data = key
+    else:
+        text = key if isinstance(key, str) else repr(key)
+        data = text.encode("utf-8", "surrogatepass")
+    return "#" + hashlib.blake2b(data, digest_size=12).hexdigest()
 
 
 class WindowBuckets:
@@ -69,7 +89,9 @@ class WindowBuckets:
         "_backend",
         "_errors",
         "_item",
+        "_moving",
         "_name",
+        "_period",
         "_strategy",
         "_strategy_name",
         "local",
@@ -90,7 +112,9 @@ class WindowBuckets:
         self._strategy_name = _STRATEGIES[algorithm]
         self._item = _limit_item(rate)
         self._strategy = getattr(limits.strategies, self._strategy_name)(storage)
-        self._name = name
+        self._name = _identifier(name)
+        self._moving = algorithm == "moving-window"
+        self._period = rate.period_us / 1_000_000
         self._backend = backend
         self.local = local
         self._async_strategies: dict[asyncio.AbstractEventLoop, Any] = {}
@@ -157,10 +181,16 @@ class WindowBuckets:
             self._async_strategies = {**self._async_strategies, loop: strategy}
         return strategy
 
-    def _decision(self, allowed: bool, stats: Any) -> Decision:
+    def _decision(self, allowed: bool, stats: Any, cost: int) -> Decision:
         reset_after = max(0.0, float(stats.reset_time) - time.time())
+        remaining = int(stats.remaining)
         retry_after = 0.0 if allowed else max(reset_after, 1e-6)
-        return Decision(allowed, int(stats.remaining), retry_after, reset_after, self._item.amount)
+        if not allowed and self._moving and cost - remaining > 1:
+            # limits tells when the oldest hit expires, which frees one slot; this
+            # request needs more, and when the others expire is not exposed: the
+            # window's length is the bound that never sends a client back too early.
+            retry_after = self._period
+        return Decision(allowed, remaining, retry_after, reset_after, self._item.amount)
 
     def take(self, key: Hashable, cost: int, max_wait_us: int) -> Decision:
         """One decision (two storage operations: hit or test, then window stats)."""
@@ -174,7 +204,7 @@ class WindowBuckets:
             stats = strategy.get_window_stats(self._item, self._name, ident)
         except self._errors as exc:
             raise BackendError(f"limits storage failed: {exc!r}") from exc
-        return self._decision(allowed, stats)
+        return self._decision(allowed, stats, cost)
 
     async def take_async(self, key: Hashable, cost: int, max_wait_us: int) -> Decision:
         """Like :meth:`take` from asyncio (limits.aio) or trio (a worker thread)."""
@@ -199,4 +229,4 @@ class WindowBuckets:
                 stats = await strategy.get_window_stats(self._item, self._name, ident)
         except self._errors as exc:
             raise BackendError(f"limits storage failed: {exc!r}") from exc
-        return self._decision(allowed, stats)
+        return self._decision(allowed, stats, cost)

@@ -192,3 +192,20 @@ async def test_window_algorithms_async(redis_server: RedisServer, algorithm: str
     )
     results = [(await limiter.try_acquire_async("k")).allowed for _ in range(3)]
     assert results == [True, True, False]
+
+
+def test_window_keys_are_hashed_unless_short_and_plain(redis_server: RedisServer) -> None:
+    """A long key with a newline reaches Redis hashed, like the token bucket's (window
+    algorithms used to paste it raw into the Redis key); a plain short key stays
+    readable."""
+    import redis
+
+    backend = RedisBackend.from_url(redis_server.url, timeout=1.0, prefix="wk")
+    limiter = rs.RateLimiter("5/hour", backend=backend, algorithm="fixed-window", name="win")
+    evil = "evil key\n" + "x" * 5000
+    assert limiter.try_acquire(evil)
+    assert limiter.try_acquire("alice")
+    keys = sorted(redis.Redis.from_url(redis_server.url).keys("wk*"))
+    assert len(keys) == 2
+    assert all(len(key) < 100 and b"\n" not in key for key in keys)
+    assert any(b"/alice/" in key for key in keys)

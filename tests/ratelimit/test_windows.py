@@ -48,3 +48,33 @@ async def test_window_async_in_memory() -> None:
         pass
     with pytest.raises(rs.RateLimited):
         await limiter.acquire_async()
+
+
+def test_a_moving_window_never_sends_a_costly_request_back_too_early() -> None:
+    """Three hits fill a "3/min" moving window; a cost-2 request needs two of them to
+    expire, so its ``retry_after`` is the window (an upper bound), not the time until
+    the oldest hit expires (which it used to be: waiting that long was refused again).
+    A cost-1 request needs just the oldest one: its wait is exact."""
+    limiter = rs.RateLimiter("3/min", algorithm="moving-window")
+    assert limiter.try_acquire(cost=3)
+    refused_two = limiter.try_acquire(cost=2)
+    refused_one = limiter.try_acquire(cost=1)
+    assert not refused_two
+    assert not refused_one
+    assert refused_two.retry_after == 60
+    assert 59 < refused_one.retry_after <= 60
+
+
+def test_names_and_keys_with_separators_never_share_a_window() -> None:
+    """limits joins name and key with "/": limiter "api" with key "v2/alice" and limiter
+    "api/v2" with key "alice" used to count in one window."""
+    from limits.storage import MemoryStorage
+
+    from resilience.ratelimit._rate import Rate
+    from resilience.ratelimit._windows import WindowBuckets
+
+    storage = MemoryStorage()
+    first = WindowBuckets("fixed-window", Rate.parse("1/min"), storage, name="api", local=True)
+    second = WindowBuckets("fixed-window", Rate.parse("1/min"), storage, name="api/v2", local=True)
+    assert first.take("v2/alice", 1, 0).allowed
+    assert second.take("alice", 1, 0).allowed
