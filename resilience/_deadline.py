@@ -114,10 +114,10 @@ def deadline(seconds: float, *, clock: Clock = SYSTEM_CLOCK) -> Iterator[Deadlin
         with rs.deadline(1.5):
             fetch_with_retries()   # its retries stop before 1.5 s are spent
     """
-    if seconds < 0:
-        from .errors import ConfigurationError
+    from ._validate import check_number
 
-        raise ConfigurationError(f"seconds must be >= 0, got {seconds!r}")
+    # NaN would compare false everywhere: a deadline that never clamps nor expires.
+    seconds = check_number("seconds", seconds, allow_inf=True)
     entered, token = push(seconds, clock)
     try:
         yield entered

@@ -79,6 +79,17 @@ def test_negative_deadline_is_refused() -> None:
         pass
 
 
+@pytest.mark.parametrize("bad", [float("nan"), "1", None, True])
+def test_a_deadline_that_is_not_a_number_is_refused(bad: object) -> None:
+    """NaN used to be accepted: a deadline whose comparisons are all false, which never
+    clamps anything and made ``time_remaining()`` NaN. Infinity stays allowed: no
+    deadline at all."""
+    with pytest.raises(rs.ConfigurationError), rs.deadline(bad):  # type: ignore[arg-type]
+        pass
+    with rs.deadline(float("inf")):
+        assert rs.time_remaining() is None
+
+
 @pytest.mark.parametrize(
     "build",
     [
