@@ -70,7 +70,8 @@ class RetryScheduled(Event):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RetriesExhausted(Event):
-    """The last attempt failed; ``reason`` is ``"attempts"``, ``"deadline"`` or ``"budget"``.
+    """The last attempt failed; ``reason`` is ``"attempts"``, ``"deadline"``, ``"budget"``
+    or (the httpx transport) ``"max_wait"``: a server pause would hold the retry longer.
 
     Example: ``retry.add_listener(lambda e: alert(e.reason))``
     """

@@ -125,7 +125,8 @@ class Retry(PolicyBase):
             if isinstance(hint, int | float) and math.isfinite(hint) and hint > delay:
                 delay = float(hint)
         remaining = _deadline.time_remaining()
-        if remaining is not None and delay > remaining:
+        # A retry that would start with no time left only overruns the deadline.
+        if remaining is not None and delay >= remaining:
             return self._give_up(attempt, "deadline", exc)
         budget = self.budget
         if budget is not None and not budget.try_withdraw():

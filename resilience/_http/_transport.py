@@ -58,6 +58,41 @@ __all__ = ["ResilientTransport"]
 
 Outcome: TypeAlias = "tuple[httpx.Response, None] | tuple[None, Exception]"
 
+# The least time a retry must have left before the deadline, once its delay is slept,
+# to be worth starting. Less cannot connect, send and read an answer over a real network,
+# and a sleep may overshoot by a millisecond or so on a busy machine: such a retry would
+# only trade the answer in hand for a TimeoutException raised before sending.
+_MIN_ATTEMPT_TIME = 0.01
+
+
+def _replayable(body: Any, *, at_once: bool) -> bool:
+    """Can this request body be sent again with the same bytes (``at_once``: by two
+    attempts at the same time, as hedging does)?
+
+    Bytes are. So is httpx's multipart body, which renders anew on every iteration: bytes
+    fields as they are, files from their start (it seeks them to 0), which works only
+    for a seekable file, and never for two readers of one file at once. A generator, or
+    any other stream, can be read once only.
+    """
+    if isinstance(body, httpx.ByteStream):
+        return True
+    try:  # httpx's own module, private: if it moves, uploads are simply sent once
+        from httpx._multipart import FileField, MultipartStream
+    except ImportError:  # pragma: no cover - depends on the httpx version
+        return False
+    if not isinstance(body, MultipartStream):
+        return False
+    for field in body.fields:
+        if isinstance(field, FileField) and not isinstance(field.file, bytes | str):
+            if at_once:
+                return False
+            try:
+                if not field.file.seekable():
+                    return False
+            except (AttributeError, ValueError):  # not a full file object, or closed
+                return False
+    return True
+
 
 class _Run:
     """The retry state of one request; created only after a first failure."""
@@ -82,7 +117,8 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observab
       bulkhead slot is held until the response body is closed, and waiters are served
       by the request's ``extensions={PRIORITY: n}`` (lower first);
     * retries idempotent requests (``idempotent=``, or a request with an
-      ``Idempotency-Key`` field) on connection errors, timeouts and 429/502/503/504,
+      ``Idempotency-Key`` field) whose body can be read again (not a generator, nor an
+      upload of an unseekable file) on connection errors, timeouts and 429/502/503/504,
       with jittered backoff, up to ``attempts``, within a :class:`~resilience.RetryBudget`;
       responses of failed attempts are closed;
     * listens to the server: ``Retry-After`` (seconds or HTTP-date), the IETF
@@ -92,7 +128,8 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observab
       are capped at ``max_server_delay``;
     * clamps each attempt's timeouts to the ambient deadline (:func:`resilience.deadline`,
       an outer :class:`~resilience.Timeout`) and, with ``deadline_header=``, tells the
-      server how many seconds are left;
+      server how many seconds are left; a retry whose delay would leave it under 10 ms
+      is not started (the last answer is returned);
     * optionally hedges (``hedge=``): when an idempotent request is still unanswered after
       a fixed delay or the host's observed percentile (``"p95"``), sends a second copy,
       takes the first good answer and cancels (async) or discards (sync) the other;
@@ -102,7 +139,8 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observab
     from shorthand arguments) last at most ``max_wait`` seconds, clamped to the ambient
     deadline; past that the request fails, unsent, with the policy's
     :class:`~resilience.Rejected` error (:class:`~resilience.RateLimited` for a paused
-    host, with ``retry_after``).
+    host, with ``retry_after``). A retry that a pause would hold beyond ``max_wait`` is
+    not started: the last answer is returned.
 
     Arguments:
         inner: the transport that sends (sync, async, or both like ``MockTransport``).
@@ -359,12 +397,12 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observab
                 response.stream = HeldStream(response.stream, slot)
         return response
 
-    def _repeatable(self, request: httpx.Request, body: Any) -> bool:
-        """May this request (whose body stream was ``body`` before sending) be repeated?"""
+    def _repeatable(self, request: httpx.Request, body: Any, *, at_once: bool = False) -> bool:
+        """May this request (whose body stream was ``body`` before sending) be repeated
+        (``at_once``: by a hedge, while the first attempt may still be sending)?"""
         if request.method not in self._idempotent and "idempotency-key" not in request.headers:
             return False
-        # A streamed body (a generator) can be sent only once.
-        return isinstance(body, httpx.ByteStream)
+        return _replayable(body, at_once=at_once)
 
     def _start(self, request: httpx.Request, body: Any) -> _Run:
         return _Run(iter(self._backoff), self._repeatable(request, body))
@@ -384,10 +422,15 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observab
             delay = float(next(run.delays))
         except StopIteration:
             return self._give_up(host, attempt, "attempts", exc)
-        if self._signals:
-            delay = max(delay, host.pace.delay(self._now()))
+        if self._signals and host.pace.active:
+            pause = host.pace.delay(self._now())
+            # A retry waits for the host's pause like a fresh request (_pause_step), so
+            # within max_wait too; past it, the answer in hand beats waiting.
+            if pause > self.max_wait:
+                return self._give_up(host, attempt, "max_wait", exc)
+            delay = max(delay, pause)
         remaining = _deadline.time_remaining()
-        if remaining is not None and delay > remaining:
+        if remaining is not None and remaining - delay < _MIN_ATTEMPT_TIME:
             return self._give_up(host, attempt, "deadline", exc)
         if not self.budget.try_withdraw():
             return self._give_up(host, attempt, "budget", exc)
@@ -424,7 +467,7 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observab
 
     def _hedge_delay(self, host: Host, request: httpx.Request, body: Any) -> float | None:
         """How long to wait before hedging this request; ``None``: do not hedge it."""
-        if not self._repeatable(request, body):
+        if not self._repeatable(request, body, at_once=True):
             return None
         if self._hedge_quantile is None:
             return self._hedge_fixed

@@ -513,3 +513,20 @@ async def test_a_retry_cancelled_in_its_backoff_is_not_counted() -> None:
         await retry.call_async(fails_then_cancels)
     assert calls == 1
     assert retry.statistics().retries == 0
+
+
+def test_no_retry_starts_exactly_at_the_deadline(fake_clock: FakeClock) -> None:
+    """With 0.5 s left and a 0.5 s backoff, the retry would start with nothing left: it
+    is not made (it used to be, only to overrun the deadline or time out at once)."""
+    retry = rs.Retry(
+        on=ConnectionError,
+        attempts=5,
+        backoff=backoff.constant(0.5),
+        deadline=1.0,
+        clock=fake_clock,
+    )
+    flaky = Flaky(10)
+    with pytest.raises(ConnectionError):
+        retry(flaky)()
+    assert flaky.calls == 2  # at 0 s and 0.5 s; not at 1.0 s
+    assert fake_clock.monotonic() == 0.5

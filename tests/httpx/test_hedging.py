@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import threading
 from collections.abc import AsyncIterator, Iterator
 
@@ -98,6 +99,31 @@ async def test_non_idempotent_requests_are_not_hedged(fake_clock: FakeClock) -> 
     async with httpx.AsyncClient(transport=transport) as client:
         with anyio.move_on_after(0.2):
             await client.post(URL, content=b"order")
+    assert upstream.calls == 1
+    assert transport.statistics().hedges == 0
+
+
+@pytest.mark.anyio
+async def test_multipart_bodies_of_bytes_are_hedged(fake_clock: FakeClock) -> None:
+    """A multipart body of bytes renders the same for two senders at once: hedged. It used
+    to be treated as a generator, neither hedged nor retried."""
+    upstream = StuckThenFast()
+    transport = ResilientTransport(httpx.MockTransport(upstream), hedge=0.2, clock=fake_clock)
+    with anyio.fail_after(5):
+        async with httpx.AsyncClient(transport=transport) as client:
+            response = await client.put(URL, files={"f": b"hello"})
+    assert response.text == "answer 1"
+    assert transport.statistics().hedges == 1
+
+
+@pytest.mark.anyio
+async def test_file_uploads_are_not_hedged(fake_clock: FakeClock) -> None:
+    """Two copies would read one file at once: a file upload waits for its only attempt."""
+    upstream = StuckThenFast()
+    transport = ResilientTransport(httpx.MockTransport(upstream), hedge=0.01, clock=fake_clock)
+    async with httpx.AsyncClient(transport=transport) as client:
+        with anyio.move_on_after(0.2):
+            await client.put(URL, files={"f": io.BytesIO(b"hello")})
     assert upstream.calls == 1
     assert transport.statistics().hedges == 0
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import anyio
@@ -220,6 +221,33 @@ def test_a_pause_beyond_max_wait_rejects_without_sending(send: Send, fake_clock:
     assert send(t, "GET", B).status_code == 503  # other hosts are not paused
 
 
+def test_a_retry_is_not_held_by_a_pause_beyond_max_wait(send: Send, fake_clock: FakeClock) -> None:
+    """A 503 with Retry-After 45 and max_wait=5: the 503 is returned at once, as a fresh
+    request to that paused host would fail at once; a pause within max_wait is waited.
+    The retry used to wait out the whole 45 s pause, ignoring max_wait."""
+    upstream = Upstream(
+        fake_clock, lambda request, n: (503, {"Retry-After": "45"}) if n == 0 else (200, {})
+    )
+    t = transport(upstream, max_wait=5.0)
+    events: list[rs.Event] = []
+    t.add_listener(events.append)
+    response = send(t, "GET", A)
+    assert (response.status_code, response.content) == (503, b"answer 0")
+    assert len(upstream.calls) == 1
+    assert fake_clock.monotonic() == 0.0
+    assert [(type(e), getattr(e, "reason", None)) for e in events] == [
+        (HostPaused, "retry-after"),
+        (rs.RetriesExhausted, "max_wait"),
+    ]
+    assert upstream.leaked() == []
+
+    upstream = Upstream(
+        fake_clock, lambda request, n: (503, {"Retry-After": "4"}) if n == 0 else (200, {})
+    )
+    assert send(transport(upstream, max_wait=5.0), "GET", A).status_code == 200
+    assert upstream.calls[1].at - upstream.calls[0].at == pytest.approx(4.0)
+
+
 def test_non_idempotent_requests_are_not_retried(send: Send, fake_clock: FakeClock) -> None:
     """A POST that got a 503, or a connection error, is not sent again."""
     upstream = Upstream(fake_clock, first(503))
@@ -260,6 +288,69 @@ def test_streamed_request_bodies_are_not_retried(
         content = chunks()
     assert send(transport(upstream), "PUT", A, content=content).status_code == 503
     assert len(upstream.calls) == 1
+
+
+class BodyReader(httpx.BaseTransport, httpx.AsyncBaseTransport):
+    """An upstream that reads every request body from its stream, as a network transport
+    does (MockTransport keeps the bytes of its first reading): the first answer is a 503,
+    the next ones 200."""
+
+    def __init__(self) -> None:
+        self.bodies: list[bytes] = []
+
+    def _answer(self, body: bytes) -> httpx.Response:
+        self.bodies.append(body)
+        return httpx.Response(503 if len(self.bodies) == 1 else 200)
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        assert isinstance(request.stream, httpx.SyncByteStream)
+        return self._answer(b"".join(request.stream))
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        assert isinstance(request.stream, httpx.AsyncByteStream)
+        return self._answer(b"".join([chunk async for chunk in request.stream]))
+
+
+def test_multipart_bodies_are_retried(send: Send, fake_clock: FakeClock) -> None:
+    """A PUT with a multipart body (``files=``) is retried like any idempotent request,
+    with the same bytes. It used to be sent once only, as if it were a generator."""
+    upstream = Upstream(fake_clock, first(503))
+    response = send(transport(upstream), "PUT", A, files={"f": b"hello"}, data={"k": "v"})
+    assert response.status_code == 200
+    first_body, second_body = (call.request.content for call in upstream.calls)
+    assert b"hello" in first_body
+    assert second_body == first_body
+
+
+def test_multipart_uploads_of_seekable_files_are_retried(
+    send: Send, fake_clock: FakeClock, tmp_path: Any
+) -> None:
+    """httpx reads an uploaded file again from its start on every send, so a seekable
+    file is resent whole; the upstream reads the stream itself each time."""
+    path = tmp_path / "upload.bin"
+    path.write_bytes(bytes(range(256)) * 1000)  # 256 kB: several read chunks
+    upstream = BodyReader()
+    t = ResilientTransport(upstream, backoff=NO_BACKOFF, clock=fake_clock)
+    with path.open("rb") as file:
+        assert send(t, "PUT", A, files={"f": file}).status_code == 200
+    first_body, second_body = upstream.bodies
+    assert path.read_bytes() in first_body
+    assert second_body == first_body
+
+
+def test_multipart_uploads_of_unseekable_files_are_sent_once(
+    send: Send, fake_clock: FakeClock
+) -> None:
+    """A pipe cannot be read twice: its upload is sent once, whatever the method."""
+    read_end, write_end = os.pipe()
+    os.write(write_end, b"once only")
+    os.close(write_end)
+    upstream = BodyReader()
+    t = ResilientTransport(upstream, backoff=NO_BACKOFF, clock=fake_clock)
+    with open(read_end, "rb") as pipe:
+        assert send(t, "PUT", A, files={"f": pipe}).status_code == 503
+    assert len(upstream.bodies) == 1
+    assert b"once only" in upstream.bodies[0]
 
 
 def test_retry_budget_caps_retries(send: Send, fake_clock: FakeClock) -> None:
@@ -305,6 +396,33 @@ def test_a_retry_that_would_overrun_the_deadline_is_not_made(
         assert send(t, "GET", A).status_code == 429
     assert len(upstream.calls) == 1
     assert fake_clock.monotonic() == 0.0
+
+
+@pytest.mark.parametrize("left", [0.0, 0.00005, 0.005])
+def test_a_retry_with_no_time_left_after_its_backoff_is_not_made(
+    send: Send, fake_clock: FakeClock, left: float
+) -> None:
+    """A backoff that would leave the retry no time (or a few ms) before the deadline: the
+    503 in hand is returned. The retry used to start anyway: with 0 s left it raised
+    httpx.TimeoutException before sending, and with 50 µs it was sent with no hope."""
+    upstream = Upstream(fake_clock, always(503))
+    t = transport(upstream, backoff=[1.0 - left])
+    with rs.deadline(1.0, clock=fake_clock):
+        response = send(t, "GET", A)
+    assert (response.status_code, response.content) == (503, b"answer 0")
+    assert len(upstream.calls) == 1
+    assert fake_clock.sleeps == []
+
+
+def test_a_retry_with_time_left_after_its_backoff_is_made(
+    send: Send, fake_clock: FakeClock
+) -> None:
+    """The counterpart: 50 ms left after the backoff is enough to try again."""
+    upstream = Upstream(fake_clock, first(503))
+    t = transport(upstream, backoff=[0.95])
+    with rs.deadline(1.0, clock=fake_clock):
+        assert send(t, "GET", A).status_code == 200
+    assert [call.at for call in upstream.calls] == [0.0, pytest.approx(0.95)]
 
 
 def test_a_passed_deadline_raises_without_sending(send: Send, fake_clock: FakeClock) -> None:
