@@ -58,12 +58,20 @@ class FailoverBuckets:
         self._failover.raise_closed()
         raise AssertionError("unreachable")  # pragma: no cover
 
+    # While the backend is down, the call that probes it must reach it: a local answer
+    # (the Redis denial cache) would report a recovery that did not happen.
+
     def take(self, key: Hashable, cost: int, max_wait_us: int) -> Decision:
         """A decision from the backend, or from the failure mode when it is down."""
         failover = self._failover
         if failover.healthy or failover.use_backend():
+            primary = self.primary
             try:
-                decision: Decision = self.primary.take(key, cost, max_wait_us)
+                decision: Decision = (
+                    primary.take(key, cost, max_wait_us)
+                    if failover.healthy
+                    else primary.probe(key, cost, max_wait_us)
+                )
             except BackendError as exc:
                 failover.failed(exc, key)
                 return self._degraded(key, cost, max_wait_us)
@@ -77,8 +85,13 @@ class FailoverBuckets:
         """Like :meth:`take`, from asyncio or trio."""
         failover = self._failover
         if failover.healthy or failover.use_backend():
+            primary = self.primary
             try:
-                decision: Decision = await self.primary.take_async(key, cost, max_wait_us)
+                decision: Decision = await (
+                    primary.take_async(key, cost, max_wait_us)
+                    if failover.healthy
+                    else primary.probe_async(key, cost, max_wait_us)
+                )
             except BackendError as exc:
                 failover.failed(exc, key)
                 return self._degraded(key, cost, max_wait_us)

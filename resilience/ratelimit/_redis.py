@@ -180,9 +180,7 @@ class RedisBuckets:
             cached = self._cached_refusal(key, cost, max_wait_us)
             if cached is not None:
                 return cached
-        self.round_trips += 1
-        reply = self._run(self._call(key, cost, max_wait_us))
-        return self._decision(key, cost, reply)
+        return self.probe(key, cost, max_wait_us)
 
     async def take_async(self, key: Hashable, cost: int, max_wait_us: int) -> Decision:
         """Like :meth:`take`, from asyncio or trio."""
@@ -190,6 +188,16 @@ class RedisBuckets:
             cached = self._cached_refusal(key, cost, max_wait_us)
             if cached is not None:
                 return cached
+        return await self.probe_async(key, cost, max_wait_us)
+
+    def probe(self, key: Hashable, cost: int, max_wait_us: int) -> Decision:
+        """Like :meth:`take`, always a round trip (the failure mode's recovery probe)."""
+        self.round_trips += 1
+        reply = self._run(self._call(key, cost, max_wait_us))
+        return self._decision(key, cost, reply)
+
+    async def probe_async(self, key: Hashable, cost: int, max_wait_us: int) -> Decision:
+        """Like :meth:`take_async`, always a round trip."""
         self.round_trips += 1
         reply = await self._run_async(self._call(key, cost, max_wait_us))
         return self._decision(key, cost, reply)

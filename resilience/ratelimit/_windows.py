@@ -230,3 +230,7 @@ class WindowBuckets:
         except self._errors as exc:
             raise BackendError(f"limits storage failed: {exc!r}") from exc
         return self._decision(allowed, stats, cost)
+
+    # Every window decision asks the storage: the recovery probe is a plain decision.
+    probe = take
+    probe_async = take_async

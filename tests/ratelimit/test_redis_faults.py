@@ -163,3 +163,39 @@ async def test_closed_mode_async_raises_backend_error(redis_server: RedisServer)
     assert info.value.__cause__ is not None
     with pytest.raises(rs.BackendError):
         await limiter.acquire_async("k")
+
+
+def test_a_probe_answered_by_the_denial_cache_is_no_recovery(redis_server: RedisServer) -> None:
+    """While Redis is paused, the probe that a due interval lets through is a real round
+    trip even for a key the denial cache holds: no ``BackendRecovered`` while Redis is
+    down (a cached answer used to report a recovery every probe interval, and the next
+    call paid the backend timeout again)."""
+    clock = FakeClock()
+    limiter = rs.RateLimiter(
+        "1/10s",
+        backend=RedisBackend.from_url(redis_server.url, timeout=0.05),
+        name="probe",
+        on_backend_error="local",
+        clock=clock,
+    )
+    recovered: list[object] = []
+    limiter.add_listener(
+        lambda e: recovered.append(e) if isinstance(e, rs.BackendRecovered) else None
+    )
+    assert limiter.try_acquire("hammer")
+    assert not limiter.try_acquire("hammer")  # now in the denial cache
+    redis_server.pause()
+    try:
+        limiter.try_acquire("other")  # times out: unhealthy
+        for _ in range(3):
+            clock.advance(2.0)  # a probe is due
+            limiter.try_acquire("hammer")
+            assert not limiter.statistics().backend_healthy
+        assert recovered == []
+        assert limiter.statistics().backend_recoveries == 0
+    finally:
+        redis_server.resume()
+    clock.advance(2.0)
+    assert limiter.try_acquire("fresh")
+    assert limiter.statistics().backend_healthy
+    assert len(recovered) == 1
