@@ -454,8 +454,7 @@ class RedisBackend:
             if lane is None:
                 return await self._run_in_thread(script, call)
             if isinstance(lane, _Lane):
-                async with asyncio.timeout(self.timeout):
-                    return await lane.run(script, call)
+                return await lane.run(script, call)  # bounds its own steps
             async with asyncio.timeout(self.timeout):
                 try:
                     return await lane.evalsha(script.sha, len(call.keys), *call.keys, *call.args)
@@ -600,15 +599,28 @@ class _Lane:
     fails or is cancelled mid-command is disconnected and dropped, never reused.
     """
 
-    __slots__ = ("_idle", "_make", "_reconnect_errors", "_response_error")
+    __slots__ = (
+        "_connect_budget",
+        "_idle",
+        "_make",
+        "_reconnect_errors",
+        "_response_error",
+        "_timeout",
+    )
 
     def __init__(self, pool: Any, timeout: float) -> None:
         redis = require_redis()
         from redis.asyncio.retry import Retry
         from redis.backoff import NoBackoff
 
-        # No read/write timeout (redis.asyncio would add a task per write): the caller
-        # bounds the whole run with one asyncio.timeout. Connects are bounded, no retries.
+        # No read/write timeout (redis.asyncio would add a task per write): each run is
+        # bounded by one asyncio.timeout. A new connection's handshake (HELLO, CLIENT
+        # SETINFO: several round trips) gets a budget of its own, as the sync client's
+        # per-operation socket timeouts give it: inside the run's budget a Redis a few
+        # milliseconds away could never be connected to. Together they stay within
+        # RedisBackend.round_trip_bound (2 x timeout + 0.05 s). No retries.
+        self._timeout = timeout
+        self._connect_budget = timeout + 0.05
         options = {
             **pool.connection_kwargs,
             "socket_timeout": None,
@@ -633,21 +645,21 @@ class _Lane:
         return cls(client.connection_pool, timeout)
 
     async def run(self, script: RedisScript, call: PreparedCall) -> Any:
-        """One script run on an idle (or new) connection."""
+        """One script run on an idle (or new) connection, bounded in time."""
         idle = self._idle
         reused = bool(idle)
         conn = idle.pop() if reused else self._make()
         healthy = False
         try:
             try:
-                reply = await self._evalsha(conn, script, call)
+                reply = await self._connected_evalsha(conn, script, call)
             except self._reconnect_errors:
                 if not reused:
                     raise
                 # The server closed an idle connection (restart, idle timeout): the
                 # command never ran there. Reconnect once, like redis-py does.
                 await conn.disconnect()
-                reply = await self._evalsha(conn, script, call)
+                reply = await self._connected_evalsha(conn, script, call)
             healthy = True
             return reply
         except self._response_error:
@@ -659,10 +671,15 @@ class _Lane:
             else:
                 await _drop(conn)
 
+    async def _connected_evalsha(self, conn: Any, script: RedisScript, call: PreparedCall) -> Any:
+        if not conn.is_connected:
+            async with asyncio.timeout(self._connect_budget):
+                await conn.connect()
+        async with asyncio.timeout(self._timeout):
+            return await self._evalsha(conn, script, call)
+
     @staticmethod
     async def _evalsha(conn: Any, script: RedisScript, call: PreparedCall) -> Any:
-        if not conn.is_connected:
-            await conn.connect()
         await conn.send_packed_command((call.evalsha,), check_health=False)
         try:
             return await conn.read_response()
