@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fnmatch
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
+from typing import Any
 
 from .._clock import SYSTEM_CLOCK, Clock
 from .._validate import check_clock, check_int
@@ -50,7 +51,10 @@ _TIMEOUTS: dict[str, type[httpx.TimeoutException]] = {
 }
 
 
-def _faults_of(name: str, value: Fault | Iterable[Fault]) -> list[Fault]:
+def _faults_of(
+    name: str, value: Fault | Iterable[Fault], canned: dict[int, _Canned]
+) -> list[Fault]:
+    """The faults of ``name``, checked; the responses of Result faults go to ``canned``."""
     items = [value] if isinstance(value, Fault) else list(value)
     for fault in items:
         if not isinstance(fault, _HTTP_FAULTS):
@@ -60,7 +64,74 @@ def _faults_of(name: str, value: Fault | Iterable[Fault]) -> list[Fault]:
                 f"{name}: a Result fault of FaultyTransport must return an httpx.Response, "
                 f"got {fault.value!r} (use chaos.Status for error statuses)"
             )
+        if isinstance(fault, Result):
+            # Keyed by the fault itself: the transport's core keeps every fault alive.
+            canned[id(fault)] = _Canned(name, fault.value)
     return items
+
+
+# Headers that describe a body as it travelled, not the decoded bytes ``read()`` returns.
+_WIRE_HEADERS = frozenset({"content-encoding", "content-length", "transfer-encoding"})
+
+
+class _Canned:
+    """A Result fault's ``httpx.Response``, used as a template: one new response per request.
+
+    An ``httpx.Response`` belongs to one request (httpx binds ``.request`` to it and
+    wraps its ``.stream`` on every send), so handing the same object to every request
+    would mix them up. The body is read once, here, because a streamed body can only be
+    read once; an async-only stream cannot be read without an event loop and is refused.
+    """
+
+    __slots__ = ("body", "extensions", "headers", "status_code")
+
+    def __init__(self, name: str, template: httpx.Response) -> None:
+        self.status_code = template.status_code
+        # Only what describes the response; a real one's network stream is not shared.
+        self.extensions: dict[str, Any] = {
+            key: template.extensions[key]
+            for key in ("http_version", "reason_phrase")
+            if key in template.extensions
+        }
+        stream = template.stream
+        if isinstance(stream, httpx.ByteStream):
+            # Built from bytes (content=, text=, json=): the raw body reads again and
+            # again, and goes out encoded as the headers say, as it would on the wire.
+            self.body = b"".join(stream)
+            self.headers = template.headers.multi_items()
+            return
+        try:
+            template.content  # noqa: B018 - raises if the body was never read
+        except httpx.ResponseNotRead:
+            if not isinstance(stream, httpx.SyncByteStream):
+                raise ConfigurationError(
+                    f"{name}: the httpx.Response of a Result fault has an async-only stream "
+                    "body, which cannot be read in advance: pass the body as bytes "
+                    "(httpx.Response(..., content=b'...'))"
+                ) from None
+        try:
+            self.body = template.read()
+        except httpx.StreamError as exc:
+            raise ConfigurationError(
+                f"{name}: cannot read the body of a Result fault's httpx.Response ({exc})"
+            ) from None
+        # read() decoded the body: the new responses carry it as is, with its own length.
+        self.headers = [
+            (key, value)
+            for key, value in template.headers.multi_items()
+            if key.lower() not in _WIRE_HEADERS
+        ]
+        self.headers.append(("content-length", str(len(self.body))))
+
+    def respond(self, request: httpx.Request) -> httpx.Response:
+        """A new response for ``request``, equal to the template, unread like a real one."""
+        return httpx.Response(
+            self.status_code,
+            headers=self.headers,
+            stream=httpx.ByteStream(self.body),
+            extensions=dict(self.extensions),
+            request=request,
+        )
 
 
 def _host_gate(pattern: str) -> Gate:
@@ -113,7 +184,9 @@ class FaultyTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observable)
       ``httpx.RemoteProtocolError``;
     * :class:`~resilience.chaos.Error`, :class:`~resilience.chaos.Hang` (sync: block,
       then ``httpx.ReadTimeout``), :class:`~resilience.chaos.Result` (a canned
-      ``httpx.Response``).
+      ``httpx.Response``: a template, each request gets a new copy of its status,
+      headers and body; a streamed body is read when the transport is built, an
+      async-only one is refused).
 
     Like :class:`resilience.Faults`, it injects only when chaos is enabled
     (``with chaos.enabled():``, ``RESILIENCE_CHAOS=1``, or ``enabled=True``); ``when``
@@ -151,12 +224,15 @@ class FaultyTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observable)
         ):
             raise ConfigurationError(f"inner must be an httpx transport, got {inner!r}")
         specs: list[tuple[Fault, Gate | None]] = []
+        self._canned: dict[int, _Canned] = {}
         for host, host_faults in (hosts or {}).items():
             if not isinstance(host, str) or not host:
                 raise ConfigurationError(f"hosts keys must be host names, got {host!r}")
             gate = _host_gate(host)
-            specs.extend((fault, gate) for fault in _faults_of(f"hosts[{host!r}]", host_faults))
-        specs.extend((fault, None) for fault in _faults_of("faults", faults))
+            specs.extend(
+                (fault, gate) for fault in _faults_of(f"hosts[{host!r}]", host_faults, self._canned)
+            )
+        specs.extend((fault, None) for fault in _faults_of("faults", faults, self._canned))
         if not specs:
             raise ConfigurationError("FaultyTransport needs faults= or hosts=")
         self.seed: int = check_int("seed", new_seed() if seed is None else seed, minimum=-(2**63))
@@ -201,8 +277,7 @@ class FaultyTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observable)
         value = timeouts.get(fault.phase)
         return float(value) if isinstance(value, int | float) else 0.0
 
-    @staticmethod
-    def _end(fault: Fault, request: httpx.Request) -> httpx.Response:
+    def _end(self, fault: Fault, request: httpx.Request) -> httpx.Response:
         """The faults that end a request without waiting or sending."""
         if isinstance(fault, Status):
             return httpx.Response(
@@ -213,8 +288,7 @@ class FaultyTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observable)
         if isinstance(fault, Error):
             raise fault.build()
         assert isinstance(fault, Result)
-        response: httpx.Response = fault.value
-        return response
+        return self._canned[id(fault)].respond(request)
 
     @staticmethod
     def _truncated(

@@ -52,7 +52,7 @@ def _rst(writer: asyncio.StreamWriter) -> None:
 
 
 class _Connection:
-    __slots__ = ("client", "done", "reset", "tasks", "upstream")
+    __slots__ = ("client", "done", "open_directions", "reset", "tasks", "upstream")
 
     def __init__(self, client: asyncio.StreamWriter) -> None:
         self.client = client
@@ -60,10 +60,17 @@ class _Connection:
         self.done = asyncio.Event()
         self.tasks: list[asyncio.Task[None]] = []
         self.reset = False
+        self.open_directions = 2
 
     def finish(self, *, reset: bool = False) -> None:
         self.reset = self.reset or reset
         self.done.set()
+
+    def direction_ended(self) -> None:
+        """One direction reached its end of stream; the connection ends with the second."""
+        self.open_directions -= 1
+        if self.open_directions <= 0:
+            self.finish()
 
     def close(self) -> None:
         for writer in (self.client, self.upstream):
@@ -73,6 +80,21 @@ class _Connection:
                 _rst(writer)
             else:
                 writer.transport.abort()
+
+
+async def _half_close(writer: asyncio.StreamWriter) -> bool:
+    """Pass an end of stream on: send what is buffered, then a FIN (``shutdown(SHUT_WR)``).
+
+    Returns False when the transport cannot half-close; the connection then has to end.
+    """
+    if not writer.can_write_eof():
+        return False
+    # drain() only waits for the buffer to fall below its high-water mark; with a mark
+    # of 0 it waits until everything was sent, so that closing later loses no data.
+    writer.transport.set_write_buffer_limits(high=0)
+    await writer.drain()
+    writer.write_eof()
+    return True
 
 
 class FaultProxy:
@@ -93,8 +115,10 @@ class FaultProxy:
     * ``reset_new``: accept new connections and reset them at once (``ECONNRESET``);
     * :meth:`reset_connections`: reset every open connection now.
 
-    :meth:`heal` clears everything; ``with proxy.faulted(blackhole=True):`` heals on
-    exit. The proxy listens on loopback only, holds at most ``max_connections``
+    Healthy, it is transparent, half-closes included: an end of stream from one side
+    is passed on after the data before it, and the other direction keeps flowing until
+    it ends too. :meth:`heal` clears everything; ``with proxy.faulted(blackhole=True):``
+    heals on exit. The proxy listens on loopback only, holds at most ``max_connections``
     connections and a bounded buffer per connection, and :meth:`stop` (or leaving the
     ``with`` block, or the end of the test with the ``fault_proxy`` fixture) closes
     everything.
@@ -513,12 +537,16 @@ class FaultProxy:
     ) -> None:
         assert self._flowing is not None
         loop = asyncio.get_running_loop()
+        half_closed = False
         try:
             while True:
                 item = await queue.get()
                 if item is None:
                     await self._flowing.wait()
-                    return  # end of stream: the connection closes
+                    # End of stream this way only: the other direction may still carry
+                    # the reply to a client that shut down its sending side.
+                    half_closed = await _half_close(writer)
+                    return
                 release, data = item
                 await self._flowing.wait()
                 delay = release - loop.time()
@@ -532,7 +560,10 @@ class FaultProxy:
         except Exception:
             connection.reset = True
         finally:
-            connection.finish()
+            if half_closed:
+                connection.direction_ended()
+            else:
+                connection.finish()
 
     async def _send(self, writer: asyncio.StreamWriter, data: bytes) -> None:
         bandwidth = self._bandwidth

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import gzip
 import threading
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
@@ -145,6 +146,61 @@ def test_result_fault_returns_a_canned_response() -> None:
         assert client.get("http://a.test/").json() == {"cached": True}
 
 
+def test_result_response_is_a_template_each_request_gets_its_own() -> None:
+    """Every request answered by a Result gets its own response, bound to it.
+
+    The transport used to hand the very same httpx.Response to every request: the first
+    response's ``.request`` became the second request, and httpx wrapped the shared
+    ``.stream`` once more on each send (a nesting 1000 deep after 1000 requests).
+    """
+    canned = httpx.Response(418, headers={"x-canned": "1"}, content=b"teapot")
+    template_stream = canned.stream
+    transport = FaultyTransport(mock(), faults=chaos.Result(canned), enabled=True)
+    with httpx.Client(transport=transport) as client:
+        first = client.get("http://a.test/first")
+        second = client.get("http://a.test/second")
+        for _ in range(50):
+            client.get("http://a.test/again")
+    assert first is not second
+    assert first.request.url == "http://a.test/first"
+    assert second.request.url == "http://a.test/second"
+    for response in (first, second):
+        assert (response.status_code, response.content) == (418, b"teapot")
+        assert response.headers["x-canned"] == "1"
+    assert canned.stream is template_stream  # the template itself is never sent
+
+
+def test_result_streamed_template_is_read_up_front() -> None:
+    """A template whose body is a sync iterator is read once, at construction; every
+    request gets the whole body. An async-only body, which cannot be read there, is
+    refused at construction instead of failing (or being shared) later."""
+    streamed = httpx.Response(200, content=iter([b"hel", b"lo"]))
+    transport = FaultyTransport(mock(), faults=chaos.Result(streamed), enabled=True)
+    with httpx.Client(transport=transport) as client:
+        responses = [client.get(f"http://a.test/{i}") for i in range(3)]
+    assert [r.content for r in responses] == [b"hello"] * 3
+    assert [r.headers["content-length"] for r in responses] == ["5"] * 3
+    assert len({id(r) for r in responses}) == 3
+
+    async def chunks() -> AsyncIterator[bytes]:
+        yield b"never read"
+
+    with pytest.raises(rs.ConfigurationError, match="async-only stream"):
+        FaultyTransport(mock(), faults=chaos.Result(httpx.Response(200, content=chunks())))
+
+
+def test_result_template_keeps_its_encoded_body() -> None:
+    """A template built from encoded bytes is sent as a server would send it: the same
+    Content-Encoding and raw bytes, decoded by httpx for each request, streamable raw."""
+    raw = gzip.compress(b"zipped body")
+    canned = httpx.Response(200, headers={"content-encoding": "gzip"}, content=raw)
+    transport = FaultyTransport(mock(), faults=chaos.Result(canned), enabled=True)
+    with httpx.Client(transport=transport) as client:
+        assert client.get("http://a.test/").content == b"zipped body"
+        with client.stream("GET", "http://a.test/") as response:
+            assert b"".join(response.iter_raw()) == raw
+
+
 def test_predicate_receives_the_request() -> None:
     """when= sees the httpx.Request: fault only POSTs."""
     transport = FaultyTransport(
@@ -230,6 +286,20 @@ async def test_async_client_faults() -> None:
         with pytest.raises(httpx.ConnectError):
             await client.get("http://down.test/")
         assert (await client.get("http://fine.test/")).content == BODY
+
+
+@pytest.mark.anyio
+async def test_async_result_gives_each_request_its_own_response() -> None:
+    """With httpx.AsyncClient too, a Result answers each request with a new response
+    bound to it (it used to be one shared object, re-bound to the latest request)."""
+    canned = httpx.Response(200, json={"cached": True})
+    transport = FaultyTransport(mock(), faults=chaos.Result(canned), enabled=True)
+    async with httpx.AsyncClient(transport=transport) as client:
+        first = await client.get("http://a.test/first")
+        second = await client.get("http://a.test/second")
+    assert first is not second
+    assert str(first.request.url) == "http://a.test/first"
+    assert first.json() == second.json() == {"cached": True}
 
 
 @pytest.mark.anyio
