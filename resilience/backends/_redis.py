@@ -241,9 +241,10 @@ class RedisBackend:
         self._url = url
         self._sync_client = sync_client
         self._async_client = async_client
-        self._loop_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = (
-            weakref.WeakKeyDictionary()
-        )
+        # Per event loop (clients are bound to one). Not weak: a client's connections
+        # refer to its loop, so a weak key would never die; the clients of closed loops
+        # are dropped whenever a new loop needs one (see _forget_closed_loops).
+        self._loop_clients: dict[asyncio.AbstractEventLoop, Any] = {}
         self._lock = threading.Lock()
         self._errors = _redis_errors()
         redis = require_redis()
@@ -363,9 +364,28 @@ class RedisBackend:
             with self._lock:
                 client = self._loop_clients.get(loop)
                 if client is None:
+                    self._forget_closed_loops()
                     client = self._make_client(asynchronous=True)
-                    self._loop_clients[loop] = client
+                    self._loop_clients = {**self._loop_clients, loop: client}
         return client
+
+    def _forget_closed_loops(self) -> None:
+        """Drop the clients (and lanes) of event loops that are closed.
+
+        Their connections can never be used again; once unreferenced, their sockets are
+        closed as they are collected. Without this, a process that runs
+        ``asyncio.run()`` per job kept one server connection per job until Redis'
+        ``maxclients`` refused everyone.
+        """
+        closed = [loop for loop in self._loop_clients if loop.is_closed()]
+        if not closed:
+            return
+        clients = dict(self._loop_clients)
+        for loop in closed:
+            self._lanes.pop(clients.pop(loop), None)
+        self._loop_clients = clients
+        if self._last_lane[0] in closed:
+            self._last_lane = (None, None)
 
     @property
     def round_trip_bound(self) -> float:

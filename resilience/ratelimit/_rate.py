@@ -25,7 +25,8 @@ _UNITS: Final[dict[str, float]] = {
     "hour": 3600.0,
     "d": 86400.0,
     "day": 86400.0,
-    # limits' conventions, accepted for compatibility with its rate strings
+    # limits' unit names, accepted for its rate strings; limits' year is 360 days
+    # (12 x 30), ours a calendar year
     "month": 30 * 86400.0,
     "year": 365 * 86400.0,
 }
@@ -92,8 +93,8 @@ class Rate:
         """Parse ``"100/s"``, ``"100/second"``, ``"5 per minute"``, ``"10/5s"``, ``"3/250ms"``.
 
         Units: ``us``, ``ms``/``millisecond``, ``s``/``sec``/``second``, ``m``/``min``/
-        ``minute``, ``h``/``hr``/``hour``, ``d``/``day`` (plural ``s`` allowed), and limits'
-        ``month`` (30 days) and ``year`` (365 days). A multiple may be fractional
+        ``minute``, ``h``/``hr``/``hour``, ``d``/``day`` (plural ``s`` allowed), and
+        ``month`` (30 days) and ``year`` (365 days; limits counts 360). A multiple may be fractional
         (``"1/0.5s"``). Anything else raises :class:`~resilience.ConfigurationError`.
 
         Example::

@@ -201,3 +201,28 @@ def test_a_url_that_is_not_a_redis_url_is_a_configuration_error() -> None:
     """``from_url`` names the bad URL in a ConfigurationError (still a ValueError)."""
     with pytest.raises(rs.ConfigurationError, match="foo://x"):
         RedisBackend.from_url("foo://x")
+
+
+def test_finished_event_loops_leave_no_connection_behind(redis_server: RedisServer) -> None:
+    """``asyncio.run()`` per job, 30 jobs: the clients of closed loops are dropped when
+    a new loop needs one, so the process holds one connection, not one per job (each
+    loop's client used to live for good, until Redis' maxclients refused everyone)."""
+    import gc
+
+    backend = RedisBackend.from_url(redis_server.url, timeout=1.0)
+    limiter = rs.RateLimiter("100000/s", backend=backend, name="loops", on_backend_error="closed")
+
+    async def job() -> bool:
+        return (await limiter.try_acquire_async("user")).allowed
+
+    for _ in range(30):
+        assert asyncio.run(job())
+    gc.collect()
+    assert len(backend._loop_clients) == 1
+    deadline = time.monotonic() + 5
+    while True:
+        ours = len(redis.Redis.from_url(redis_server.url).client_list()) - 1
+        if ours <= 2 or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert ours <= 2
