@@ -178,7 +178,9 @@ class WindowBuckets:
                 key_prefix=self._backend.prefix,
             )
             strategy = getattr(limits.aio.strategies, self._strategy_name)(storage)
-            self._async_strategies = {**self._async_strategies, loop: strategy}
+            # Closed loops' strategies go: their connections can never be used again.
+            live = {k: v for k, v in self._async_strategies.items() if not k.is_closed()}
+            self._async_strategies = {**live, loop: strategy}
         return strategy
 
     def _decision(self, allowed: bool, stats: Any, cost: int) -> Decision:
