@@ -386,8 +386,8 @@ class Distributed:
         self._held: dict[Hashable, int] = {}
         # Local slots taken while Redis failed, not yet entered in Redis (by token).
         self._local: weakref.WeakValueDictionary[str, LeasePermit] = weakref.WeakValueDictionary()
-        # Releases that failed while Redis was down: (expiry, keys, token), sent on recovery.
-        self._unreleased: list[tuple[float, list[str], str]] = []
+        # Releases that failed while Redis was down: (keys, token), sent on recovery.
+        self._unreleased: list[tuple[list[str], str]] = []
         self._reconciling = False
         self._watching = False
         self._seq = itertools.count()
@@ -677,10 +677,9 @@ class Distributed:
             self._reconciling = False
             unreleased, self._unreleased = self._unreleased, []
             local = list(self._local.values())
-        now = _now()
-        for i, (expiry, keys, token) in enumerate(unreleased):
-            if expiry <= now:
-                continue  # expired in Redis by now
+        # Every one is sent, even if its lease should have expired by now: a paused Redis
+        # runs a timed-out acquire only when it resumes, so that lease starts then.
+        for i, (keys, token) in enumerate(unreleased):
             try:
                 self.release_script.run(keys, self.release_args(token))
             except BackendError:
@@ -709,7 +708,7 @@ class Distributed:
         with self.lock:
             if len(self._unreleased) >= _MAX_UNRELEASED:
                 del self._unreleased[0]  # the oldest lease expires first anyway
-            self._unreleased.append((_now() + self.lease, keys, token))
+            self._unreleased.append((keys, token))
         self._watch()
 
     def _rejected(self, key: Hashable) -> BulkheadFull:

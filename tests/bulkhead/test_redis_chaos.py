@@ -221,3 +221,33 @@ def test_redis_outage_degrades_with_bounded_latency_and_comes_back(
     stats = bulkhead.statistics()
     assert (stats.in_flight, stats.waiting) == (0, 0)
     backend.close()
+
+
+def test_an_acquire_redis_runs_after_a_long_pause_is_released(
+    redis_server: RedisServer,
+) -> None:
+    """An acquire times out on a paused Redis, which runs it when it resumes, longer than
+    a lease later. Its release is sent on recovery all the same, so the slot is free
+    at once (the release used to be dropped as "expired by now", and the lease that
+    Redis created at resume held the slot for a whole lease)."""
+    backend = RedisBackend.from_url(redis_server.url, timeout=0.05)
+    bulkhead = rs.Bulkhead(1, backend=backend, name="orphan", lease=1.0, on_backend_error="local")
+    try:
+        bulkhead.acquire_nowait("k").release()  # one pooled connection
+        redis_server.pause()
+        try:
+            with bulkhead.acquire_nowait("k"):  # times out: a local slot
+                pass
+            time.sleep(1.3)  # longer than the lease
+        finally:
+            redis_server.resume()
+        deadline = time.monotonic() + 0.8  # well within the 1 s lease
+        while True:
+            try:
+                bulkhead.acquire_nowait("k").release()
+                break
+            except rs.BulkheadFull:
+                assert time.monotonic() < deadline, "the orphan lease still holds the slot"
+                time.sleep(0.05)
+    finally:
+        bulkhead.close()
