@@ -282,6 +282,21 @@ class MemoryBuckets:
                 del self._tats[key]
         return len(full)
 
+    def reset(self, key: Hashable) -> None:
+        """Make ``key``'s bucket full again (``None``: the unkeyed bucket)."""
+        with self._lock:
+            if key is None:
+                self._tat = 0
+            else:
+                # Stored as full rather than dropped: an absent key starts at the
+                # eviction floor, which may not be full.
+                self._tats.pop(key, None)
+                self._tats[key] = 0
+
+    async def reset_async(self, key: Hashable) -> None:
+        """:meth:`reset` (no I/O)."""
+        self.reset(key)
+
     def statistics(self) -> dict[str, int]:
         """``evictions``: buckets dropped by the ``max_keys`` cap before they were full."""
         return {"evictions": self.evictions, "lean_admitted": self.admitted}

@@ -58,6 +58,16 @@ class FailoverBuckets:
         self._failover.raise_closed()
         raise AssertionError("unreachable")  # pragma: no cover
 
+    def reset(self, key: Hashable) -> None:
+        """Reset ``key`` in the twin, then on the backend (raises ``BackendError``)."""
+        self.twin.reset(key)
+        self.primary.reset(key)
+
+    async def reset_async(self, key: Hashable) -> None:
+        """Like :meth:`reset`, from asyncio or trio."""
+        await self.twin.reset_async(key)
+        await self.primary.reset_async(key)
+
     # While the backend is down, the call that probes it must reach it: a local answer
     # (the Redis denial cache) would report a recovery that did not happen.
 

@@ -307,6 +307,31 @@ class RateLimiter(PolicyBase):
             self._report_admission(self._key if key is None else key, 0.0)
         return decision
 
+    def reset(self, key: Hashable = None) -> None:
+        """Forget ``key``'s bucket: its next request finds the full burst again.
+
+        For unblocking a client, or clearing failed-login attempts after a success
+        (limits' ``clear``, slowapi's ``reset``). On Redis it deletes the shared bucket,
+        so every process sees it full; another process that refused the key may still
+        refuse it from its denial cache until that refusal's ``retry_after``. Raises
+        :class:`~resilience.BackendError` if Redis fails (the local twin is reset
+        first). Keys the ASGI middleware limits are digests: reset
+        ``rs.asgi.digest("ip:203.0.113.7")``.
+
+        Example::
+
+            if password_ok:
+                login_limiter.reset(key=username)
+        """
+        self._buckets.reset(self._key if key is None else key)
+
+    async def reset_async(self, key: Hashable = None) -> None:
+        """Async :meth:`reset` (asyncio or trio; Redis I/O does not block the loop).
+
+        Example: ``await limiter.reset_async(key="alice")``
+        """
+        await self._buckets.reset_async(self._key if key is None else key)
+
     # The decisions themselves, counted, refusals reported: what try_acquire() and the
     # ASGI middleware share (the middleware reports its own admissions).
 

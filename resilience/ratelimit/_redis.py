@@ -30,6 +30,9 @@ __all__ = ["GCRA_LUA", "RedisBuckets"]
 #: The Lua source of the GCRA decision.
 GCRA_LUA = resources.files("resilience.backends").joinpath("lua/gcra.lua").read_text()
 
+#: Forget a bucket (an absent key is a full bucket).
+_DELETE_LUA = "return redis.call('DEL', KEYS[1])"
+
 _MAX_CACHED_KEYS = 8192
 
 
@@ -55,6 +58,7 @@ class RedisBuckets:
         "_argv",
         "_burst",
         "_calls",
+        "_delete",
         "_denied",
         "_emission_s",
         "_emission_us",
@@ -88,6 +92,7 @@ class RedisBuckets:
         self.gcra = gcra
         script = backend.script(GCRA_LUA)
         self._script = script
+        self._delete = backend.script(_DELETE_LUA)
         self._run = script.run_prepared
         self._run_async = script.run_prepared_async
         d = gcra.denominator
@@ -201,6 +206,17 @@ class RedisBuckets:
         self.round_trips += 1
         reply = await self._run_async(self._call(key, cost, max_wait_us))
         return self._decision(key, cost, reply)
+
+    def reset(self, key: Hashable) -> None:
+        """Delete ``key``'s bucket on Redis (full again for every process); raises
+        ``BackendError``. This process's denial cache forgets the key first."""
+        self._denied.pop(key, None)
+        self._delete.run([self._redis_key(key)])
+
+    async def reset_async(self, key: Hashable) -> None:
+        """Like :meth:`reset`, from asyncio or trio."""
+        self._denied.pop(key, None)
+        await self._delete.run_async([self._redis_key(key)])
 
     def statistics(self) -> dict[str, int]:
         """Round trips and denial-cache hits."""

@@ -216,7 +216,7 @@ class WindowBuckets:
 
             if self._backend is None:
                 return self.take(key, cost, max_wait_us)
-            with anyio.fail_after(2 * self._backend.timeout + 0.05):  # as RedisBackend
+            with anyio.fail_after(self._backend.round_trip_bound):
                 return await anyio.to_thread.run_sync(
                     self.take, key, cost, max_wait_us, abandon_on_cancel=True
                 )
@@ -232,6 +232,32 @@ class WindowBuckets:
         except self._errors as exc:
             raise BackendError(f"limits storage failed: {exc!r}") from exc
         return self._decision(allowed, stats, cost)
+
+    def reset(self, key: Hashable) -> None:
+        """Clear ``key``'s window (limits' ``clear``); raises ``BackendError``."""
+        try:
+            self._strategy.clear(self._item, self._name, _identifier(key))
+        except self._errors as exc:
+            raise BackendError(f"limits storage failed: {exc!r}") from exc
+
+    async def reset_async(self, key: Hashable) -> None:
+        """Like :meth:`reset`, from asyncio (limits.aio) or trio (a worker thread)."""
+        strategy = self._async_strategy() if self._backend is not None else None
+        if strategy is None:
+            import anyio.to_thread
+
+            if self._backend is None:
+                self.reset(key)
+                return
+            with anyio.fail_after(self._backend.round_trip_bound):
+                await anyio.to_thread.run_sync(self.reset, key, abandon_on_cancel=True)
+            return
+        assert self._backend is not None
+        try:
+            async with asyncio.timeout(self._backend.timeout):
+                await strategy.clear(self._item, self._name, _identifier(key))
+        except self._errors as exc:
+            raise BackendError(f"limits storage failed: {exc!r}") from exc
 
     # Every window decision asks the storage: the recovery probe is a plain decision.
     probe = take

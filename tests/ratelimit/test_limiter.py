@@ -326,3 +326,52 @@ async def test_async_reservation_sleeps_on_the_clock() -> None:
 
 async def _echo(value: str) -> str:
     return value
+
+
+def test_reset_gives_a_key_its_full_burst_back() -> None:
+    """``reset(key)`` refills that key's bucket and no other; ``reset()`` refills the
+    unkeyed bucket the decorator uses."""
+    clock = FakeClock()
+    limiter = rs.RateLimiter("3/min", clock=clock)
+    for _ in range(3):
+        assert limiter.try_acquire("alice")
+        assert limiter.try_acquire("bob")
+    assert not limiter.try_acquire("alice")
+    limiter.reset("alice")
+    assert limiter.try_acquire("alice").remaining == 2
+    assert not limiter.try_acquire("bob")
+
+    @limiter
+    def ping() -> str:
+        return "pong"
+
+    for _ in range(3):
+        ping()
+    with pytest.raises(rs.RateLimited):
+        ping()
+    limiter.reset()
+    assert ping() == "pong"
+
+
+def test_reset_refills_a_key_the_cap_evicted() -> None:
+    """A key dropped by ``max_keys`` while not full starts from the eviction floor (never
+    over-admitting); ``reset`` still makes it full."""
+    from resilience.backends import MemoryBackend
+
+    clock = FakeClock()
+    limiter = rs.RateLimiter("1/min", clock=clock, backend=MemoryBackend(max_keys=1))
+    assert limiter.try_acquire("a")
+    assert limiter.try_acquire("b")  # evicts "a", not yet full
+    assert not limiter.try_acquire("a")
+    limiter.reset("a")
+    assert limiter.try_acquire("a")
+
+
+@pytest.mark.anyio
+async def test_reset_async_in_memory() -> None:
+    """``reset_async`` works on asyncio and trio."""
+    limiter = rs.RateLimiter("1/min", clock=FakeClock())
+    assert await limiter.try_acquire_async("k")
+    assert not await limiter.try_acquire_async("k")
+    await limiter.reset_async("k")
+    assert await limiter.try_acquire_async("k")

@@ -209,3 +209,45 @@ def test_window_keys_are_hashed_unless_short_and_plain(redis_server: RedisServer
     assert len(keys) == 2
     assert all(len(key) < 100 and b"\n" not in key for key in keys)
     assert any(b"/alice/" in key for key in keys)
+
+
+@pytest.mark.parametrize("algorithm", ["token-bucket", "fixed-window", "moving-window"])
+def test_reset_on_redis_is_seen_by_every_process(redis_server: RedisServer, algorithm: str) -> None:
+    """Two limiters on two backends (two processes) share a key; ``reset`` on one makes
+    the bucket full for both, and forgets the key in its own denial cache. (A process
+    that had refused the key itself may refuse it from its cache until that refusal's
+    ``retry_after``: documented.)"""
+
+    def limiter() -> rs.RateLimiter:
+        backend = RedisBackend.from_url(redis_server.url, timeout=1.0)
+        return rs.RateLimiter("2/min", backend=backend, name="reset", algorithm=algorithm)
+
+    first, second = limiter(), limiter()
+    assert first.try_acquire("k", cost=2)
+    assert not first.try_acquire("k")
+    assert second.try_acquire("k", cost=0).remaining == 0
+    first.reset("k")
+    assert first.try_acquire("k")
+    assert second.try_acquire("k")
+    assert not second.try_acquire("k")
+
+
+@pytest.mark.anyio
+async def test_reset_async_on_redis(redis_server: RedisServer) -> None:
+    """``reset_async`` deletes the shared bucket from asyncio and trio."""
+    backend = RedisBackend.from_url(redis_server.url, timeout=1.0)
+    limiter = rs.RateLimiter("1/min", backend=backend, name="reset-async")
+    assert await limiter.try_acquire_async("k")
+    assert not await limiter.try_acquire_async("k")
+    await limiter.reset_async("k")
+    assert await limiter.try_acquire_async("k")
+
+
+def test_reset_raises_when_redis_is_down(redis_server: RedisServer) -> None:
+    """An administrative reset that cannot reach Redis says so (BackendError) rather than
+    pretending; the local twin is reset all the same."""
+    backend = RedisBackend.from_url(redis_server.url, timeout=0.05)
+    limiter = rs.RateLimiter("1/min", backend=backend, name="reset-down")
+    redis_server.kill()
+    with pytest.raises(rs.BackendError):
+        limiter.reset("k")

@@ -78,3 +78,14 @@ def test_names_and_keys_with_separators_never_share_a_window() -> None:
     second = WindowBuckets("fixed-window", Rate.parse("1/min"), storage, name="api/v2", local=True)
     assert first.take("v2/alice", 1, 0).allowed
     assert second.take("alice", 1, 0).allowed
+
+
+@pytest.mark.parametrize("algorithm", ["fixed-window", "moving-window", "sliding-window"])
+def test_reset_clears_a_window(algorithm: str) -> None:
+    """``reset(key)`` clears that key's window (limits' ``clear``) and no other."""
+    limiter = rs.RateLimiter("2/min", algorithm=algorithm)
+    for key in ("a", "b"):
+        assert limiter.try_acquire(key, cost=2)
+    limiter.reset("a")
+    assert limiter.try_acquire("a", cost=2)
+    assert not limiter.try_acquire("b")
