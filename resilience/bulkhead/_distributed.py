@@ -410,9 +410,18 @@ class Distributed:
         )
         return [base + ":leases", base + ":waiting"]
 
-    def acquire_args(self, token: str) -> list[str | int]:
-        """ARGV of the acquire script for ``token``."""
-        return [token, self.limit, self.lease_ms]
+    def acquire_args(self, token: str, name: str | None = None) -> list[str | int]:
+        """ARGV of the acquire script for ``token`` (on the leases key ``name``).
+
+        Slots this process took locally while Redis was down, and has not entered in
+        Redis yet, come off the limit: until the keeper enters them, Redis cannot count
+        them, and a grant past them would put this process over ``max_concurrent``.
+        """
+        limit = self.limit
+        if self._local and name is not None:
+            with self.lock:
+                limit -= sum(1 for permit in self._local.values() if permit.keys[0] == name)
+        return [token, limit, self.lease_ms]
 
     def release_args(self, permit: LeasePermit | str) -> list[str]:
         """ARGV of the release script (token, channel, message)."""
@@ -435,7 +444,9 @@ class Distributed:
                     attempt.signal.wait(delay)
                 self._before_try(attempt)
                 try:
-                    reply = self.acquire_script.run(attempt.keys, self.acquire_args(attempt.token))
+                    reply = self.acquire_script.run(
+                        attempt.keys, self.acquire_args(attempt.token, attempt.keys[0])
+                    )
                 except BackendError as exc:
                     return self._degraded(key, priority, self._backend_failed(attempt, exc))
                 delay = self._after_try(attempt, reply)
@@ -468,7 +479,7 @@ class Distributed:
                 self._before_try(attempt)
                 try:
                     reply = await self.acquire_script.run_async(
-                        attempt.keys, self.acquire_args(attempt.token)
+                        attempt.keys, self.acquire_args(attempt.token, attempt.keys[0])
                     )
                 except BackendError as exc:
                     wait = self._backend_failed(attempt, exc)
