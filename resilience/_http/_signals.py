@@ -26,6 +26,7 @@ wall clock passed in. When several quotas are advertised, the most restrictive o
 from __future__ import annotations
 
 import email.utils
+import math
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -44,6 +45,7 @@ __all__ = [
 MAX_VALUE_LENGTH = 512
 
 _DECIMAL = re.compile(r"[0-9]{1,15}(?:\.[0-9]{1,9})?")
+_HUGE_DECIMAL = re.compile(r"[0-9]{16,}(?:\.[0-9]*)?")
 _INTEGER = re.compile(r"[0-9]{1,18}")
 # A Unix time in seconds (>= 2001-09-09) or in milliseconds.
 _EPOCH_SECONDS = 1e9
@@ -135,6 +137,8 @@ def parse_retry_after(text: str, *, now: float | None, cap: float) -> float | No
     if len(text) > MAX_VALUE_LENGTH:
         return None
     seconds = _decimal(text)
+    if seconds is None and _HUGE_DECIMAL.fullmatch(text.strip()):
+        seconds = math.inf  # "come back much later": the cap, not "no hint"
     if seconds is not None:
         return _bounded(seconds, cap)
     if now is None:
