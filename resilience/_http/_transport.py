@@ -273,17 +273,27 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observab
         policies = self._default
         if self._overrides:
             text = str(key).lower()
-            for pattern, override in self._overrides:
-                if pattern == text:
-                    policies = override
-                    break
-            else:
-                for pattern, override in self._overrides:
-                    if fnmatch.fnmatchcase(text, pattern):
-                        policies = override
-                        break
+            # "slow.example.com" also names slow.example.com:8080 (a pattern with a
+            # port names that port only); IPv6 keys are left whole (ambiguous colons).
+            name, _, port = text.rpartition(":")
+            texts = (text, name) if port.isdigit() and name and ":" not in name else (text,)
+            override = self._override_for(texts)
+            if override is not None:
+                policies = override
         latencies = Latencies() if self._hedge_quantile is not None else None
         return Host(key, *policies, latencies)
+
+    def _override_for(self, texts: tuple[str, ...]) -> Policies | None:
+        """The first override naming one of ``texts`` exactly, else the first glob."""
+        for text in texts:
+            for pattern, override in self._overrides:
+                if pattern == text:
+                    return override
+        for text in texts:
+            for pattern, override in self._overrides:
+                if fnmatch.fnmatchcase(text, pattern):
+                    return override
+        return None
 
     # -- events and statistics ----------------------------------------------------------
 

@@ -516,6 +516,22 @@ def test_hosts_overrides_match_exact_names_and_globs(send: Send, fake_clock: Fak
     ]
 
 
+def test_hosts_overrides_without_a_port_cover_every_port(send: Send, fake_clock: FakeClock) -> None:
+    """``"a.test"`` names a.test on port 8080 too (it used to match only the default
+    port, since the host key carries the port); ``"b.test:8080"`` names that port only."""
+    upstream = Upstream(fake_clock, always(200))
+    t = transport(
+        upstream,
+        limiter=False,
+        hosts={"a.test": HostPolicy(limiter="1/10s"), "b.test:8080": HostPolicy(limiter="1/10s")},
+    )
+    for url in ("http://a.test:8080/", "http://a.test:8080/", "http://b.test:8080/"):
+        send(t, "GET", url)
+    send(t, "GET", "http://b.test:9090/")
+    send(t, "GET", "http://b.test:9090/")
+    assert [call.at for call in upstream.calls] == [0.0, 10.0, 10.0, 10.0, 10.0]
+
+
 def test_events_tell_what_happened(send: Send, fake_clock: FakeClock) -> None:
     """Retries, pauses and give-ups are announced with the host as key."""
     events: list[rs.Event] = []
