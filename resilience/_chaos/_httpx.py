@@ -135,10 +135,25 @@ class _Canned:
 
 
 def _host_gate(pattern: str) -> Gate:
+    """Whether a request goes to ``pattern``: a host (any port), a glob, or, with a
+    port (``"127.0.0.1:8001"``), that host and port only, as ``ResilientTransport``'s
+    ``hosts=`` names them."""
     pattern = pattern.lower()
+    name, _, port = pattern.rpartition(":")
+    if port.isdigit() and name and ":" not in name:
+
+        def with_port(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+            url = args[0].url
+            return url.port is not None and str(url.port) == port and _matches(url.host, name)
+
+        return with_port
+    return lambda args, kwargs: _matches(args[0].url.host, pattern)
+
+
+def _matches(host: str, pattern: str) -> bool:
     if not any(ch in pattern for ch in "*?["):
-        return lambda args, kwargs: bool(args[0].url.host == pattern)
-    return lambda args, kwargs: fnmatch.fnmatchcase(args[0].url.host, pattern)
+        return host == pattern
+    return fnmatch.fnmatchcase(host, pattern)
 
 
 class _TruncatedStream(httpx.SyncByteStream, httpx.AsyncByteStream):

@@ -56,6 +56,20 @@ def test_host_globs_match_subdomains() -> None:
         assert client.get("http://cdn.test.example/").status_code == 200
 
 
+def test_a_host_with_a_port_targets_that_port_only() -> None:
+    """``"127.0.0.1:8001"`` targets that host and port (it used to match nothing: only
+    the host was compared); a name without a port covers every port."""
+    transport = FaultyTransport(
+        mock(),
+        hosts={"127.0.0.1:8001": chaos.Status(503), "api.test": chaos.Status(429)},
+        enabled=True,
+    )
+    with httpx.Client(transport=transport) as client:
+        assert client.get("http://127.0.0.1:8001/").status_code == 503
+        assert client.get("http://127.0.0.1:8002/").status_code == 200
+        assert client.get("http://api.test:9000/").status_code == 429
+
+
 def test_connect_failure_raises_connect_error() -> None:
     """ConnectFailure raises httpx.ConnectError carrying the request."""
     transport = FaultyTransport(mock(), faults=[chaos.ConnectFailure()], enabled=True)
