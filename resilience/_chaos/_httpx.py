@@ -197,8 +197,9 @@ class FaultyTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observable)
       raise ``httpx.ReadTimeout`` (or the ``phase`` chosen);
     * :class:`~resilience.chaos.Truncate`: send, then cut the body short with
       ``httpx.RemoteProtocolError``;
-    * :class:`~resilience.chaos.Error`, :class:`~resilience.chaos.Hang` (sync: block,
-      then ``httpx.ReadTimeout``), :class:`~resilience.chaos.Result` (a canned
+    * :class:`~resilience.chaos.Error`, :class:`~resilience.chaos.Hang` (sync: block
+      ``block`` seconds or the request's read timeout if shorter, then
+      ``httpx.ReadTimeout``), :class:`~resilience.chaos.Result` (a canned
       ``httpx.Response``: a template, each request gets a new copy of its status,
       headers and body; a streamed body is read when the transport is built, an
       async-only one is refused).
@@ -345,10 +346,11 @@ class FaultyTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observable)
             self._clock.sleep(self._timeout_wait(fault, request))
             raise _TIMEOUTS[fault.phase]("injected timeout", request=request)
         if isinstance(fault, Hang):
-            self._clock.sleep(fault.block)
-            raise httpx.ReadTimeout(
-                f"injected hang: no answer after {fault.block:g}s", request=request
-            )
+            # A hung server: the socket's read timeout ends the wait, if shorter.
+            read = (request.extensions.get("timeout") or {}).get("read")
+            waited = min(fault.block, read) if isinstance(read, int | float) else fault.block
+            self._clock.sleep(waited)
+            raise httpx.ReadTimeout(f"injected hang: no answer after {waited:g}s", request=request)
         return self._end(fault, request)
 
     def close(self) -> None:

@@ -70,6 +70,18 @@ def test_a_host_with_a_port_targets_that_port_only() -> None:
         assert client.get("http://api.test:9000/").status_code == 429
 
 
+def test_a_sync_hang_ends_at_the_request_read_timeout() -> None:
+    """A hung server answers nothing: a sync client's read timeout (2 s here) ends the
+    wait before the fault's ``block`` (10 s), as a real socket would (it used to block
+    the full 10 s whatever the request's timeout)."""
+    clock = FakeClock()
+    transport = FaultyTransport(mock(), faults=[chaos.Hang()], enabled=True, clock=clock)
+    with httpx.Client(transport=transport, timeout=2.0) as client:
+        with pytest.raises(httpx.ReadTimeout):
+            client.get("http://a.test/")
+    assert clock.monotonic() == 2.0
+
+
 def test_connect_failure_raises_connect_error() -> None:
     """ConnectFailure raises httpx.ConnectError carrying the request."""
     transport = FaultyTransport(mock(), faults=[chaos.ConnectFailure()], enabled=True)
