@@ -235,8 +235,8 @@ def client_ip(
             network = ip_network(f"{address}/{ipv6_prefix}", strict=False)
             return f"ip:{network}"
         if ipv6_prefix is not None and isinstance(address, str):
-            parsed = _parse_node(address)
-            if isinstance(parsed, IPv6Address):
+            parsed = _parse_node(address)  # IPv4-mapped IPv6 reads as IPv4
+            if parsed is not None:
                 return render(parsed)
         return f"ip:{address}"
 

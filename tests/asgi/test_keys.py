@@ -101,6 +101,8 @@ def test_ipv6_prefix_groups_a_network_and_mapped_ipv4_is_unwrapped() -> None:
     key = client_ip(ipv6_prefix=64)
     assert key(http_scope(client=("2001:db8:1:2:aaaa::1", 1))) == "ip:2001:db8:1:2::/64"
     assert key(http_scope(client=("2001:db8:1:2:bbbb::9", 1))) == "ip:2001:db8:1:2::/64"
+    # A dual-stack socket's IPv4 peer: spelt as IPv4, as through a proxy.
+    assert key(http_scope(client=("::ffff:192.0.2.1", 1))) == "ip:192.0.2.1"
     trusted = client_ip(trusted_proxies=[PROXY])
     scope = http_scope(client=(PROXY, 1), headers=[("x-forwarded-for", "::ffff:192.0.2.1")])
     assert trusted(scope) == "ip:192.0.2.1"
