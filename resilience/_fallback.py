@@ -146,13 +146,20 @@ class Fallback(PolicyBase):
 
 
 def _accepts_argument(fn: Callable[..., Any]) -> bool:
+    """Whether ``fn`` is called with the exception.
+
+    A class is a factory (``rs.Fallback(list)`` answers ``[]``): it gets the exception
+    only if it requires a positional argument. Builtin classes without a signature
+    (``dict``) are factories too.
+    """
+    factory = isinstance(fn, type)
     try:
         signature = inspect.signature(fn)
     except (TypeError, ValueError):
-        return True
+        return not factory
     for parameter in signature.parameters.values():
         if parameter.kind in (parameter.VAR_POSITIONAL,):
-            return True
+            return not factory
         if parameter.kind in (parameter.POSITIONAL_ONLY, parameter.POSITIONAL_OR_KEYWORD):
-            return True
+            return not factory or parameter.default is parameter.empty
     return False

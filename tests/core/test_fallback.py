@@ -91,3 +91,14 @@ def test_async_fallback_for_sync_function_is_an_error() -> None:
 
     with pytest.raises(TypeError, match="async fallback"):
         rs.Fallback(degraded)(lambda: (_ for _ in ()).throw(rs.Rejected()))()
+
+
+@pytest.mark.parametrize(("factory", "expected"), [(dict, {}), (list, []), (set, set())])
+def test_a_class_is_a_factory(factory: type, expected: object) -> None:
+    """``rs.Fallback(list)`` answers ``[]``: a class without a required argument is called
+    with none (``dict`` has no signature and was called with the exception: TypeError)."""
+
+    def down() -> object:
+        raise rs.CircuitOpen("down")
+
+    assert rs.Fallback(factory)(down)() == expected
