@@ -604,12 +604,20 @@ class Distributed:
         KEEPER.schedule(_now() + self.renew_every, job)
         return permit
 
-    def _degraded(self, key: Hashable, priority: int, max_wait: float) -> Permit:
+    def _without_twin(self, key: Hashable) -> Permit | None:
+        """The failure mode's answer when it needs no twin slot (raises if ``"closed"``)."""
         mode = self.failover.mode
         if mode == "closed":
             self.failover.raise_closed()
         if mode == "open" or self.twin is None:
             return _OpenPermit(self.owner, key)
+        return None
+
+    def _degraded(self, key: Hashable, priority: int, max_wait: float) -> Permit:
+        permit = self._without_twin(key)
+        if permit is not None:
+            return permit
+        assert self.twin is not None
         self.twin.acquire(key, priority=priority, max_wait=max_wait)
         return self._local_slot(key)
 
@@ -620,11 +628,10 @@ class Distributed:
         max_wait: float,
         may_wait: Callable[[], bool] | None = None,
     ) -> Permit:
-        mode = self.failover.mode
-        if mode == "closed":
-            self.failover.raise_closed()
-        if mode == "open" or self.twin is None:
-            return _OpenPermit(self.owner, key)
+        permit = self._without_twin(key)
+        if permit is not None:
+            return permit
+        assert self.twin is not None
         if may_wait is None:
             await self.twin.acquire_async(key, priority=priority, max_wait=max_wait)
         else:

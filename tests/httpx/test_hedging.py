@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import threading
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import anyio
 import httpx
@@ -92,13 +93,23 @@ async def test_a_quick_answer_is_not_hedged() -> None:
 
 
 @pytest.mark.anyio
-async def test_non_idempotent_requests_are_not_hedged(fake_clock: FakeClock) -> None:
-    """A POST is never sent twice, however long it takes."""
+@pytest.mark.parametrize(
+    ("method", "body"),
+    [
+        ("POST", {"content": b"order"}),  # not idempotent: never sent twice
+        ("PUT", {"files": {"f": io.BytesIO(b"hello")}}),  # two copies would read one file
+    ],
+    ids=["post", "file-upload"],
+)
+async def test_requests_that_must_not_be_sent_twice_at_once_are_not_hedged(
+    fake_clock: FakeClock, method: str, body: dict[str, Any]
+) -> None:
+    """A POST, or a file upload, waits for its only attempt, however long it takes."""
     upstream = StuckThenFast()
     transport = ResilientTransport(httpx.MockTransport(upstream), hedge=0.01, clock=fake_clock)
     async with httpx.AsyncClient(transport=transport) as client:
         with anyio.move_on_after(0.2):
-            await client.post(URL, content=b"order")
+            await client.request(method, URL, **body)
     assert upstream.calls == 1
     assert transport.statistics().hedges == 0
 
@@ -114,18 +125,6 @@ async def test_multipart_bodies_of_bytes_are_hedged(fake_clock: FakeClock) -> No
             response = await client.put(URL, files={"f": b"hello"})
     assert response.text == "answer 1"
     assert transport.statistics().hedges == 1
-
-
-@pytest.mark.anyio
-async def test_file_uploads_are_not_hedged(fake_clock: FakeClock) -> None:
-    """Two copies would read one file at once: a file upload waits for its only attempt."""
-    upstream = StuckThenFast()
-    transport = ResilientTransport(httpx.MockTransport(upstream), hedge=0.01, clock=fake_clock)
-    async with httpx.AsyncClient(transport=transport) as client:
-        with anyio.move_on_after(0.2):
-            await client.put(URL, files={"f": io.BytesIO(b"hello")})
-    assert upstream.calls == 1
-    assert transport.statistics().hedges == 0
 
 
 @pytest.mark.anyio
