@@ -359,7 +359,10 @@ def _order_problems(policies: Iterable[Policy]) -> list[str]:
                 "Use respect_retry_after=True or stop retrying rs.Rejected."
             )
         has_inner_timeout = any(isinstance(p, Timeout) for p in inner)
-        has_total = policy.deadline is not None or any(isinstance(p, Timeout) for p in outer)
+        has_total = policy.deadline is not None or any(
+            isinstance(p, Timeout) or (isinstance(p, Retry) and p.deadline is not None)
+            for p in outer
+        )
         if has_inner_timeout and not has_total:
             problems.append(
                 f"{policy!r} retries a per-attempt Timeout with no total deadline: the call "

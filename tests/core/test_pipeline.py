@@ -181,6 +181,8 @@ def test_retry_with_deadline_or_outer_timeout_does_not_warn() -> None:
         warnings.simplefilter("error")
         rs.Pipeline(rs.Retry(on=TimeoutError, deadline=5), rs.Timeout(1))
         rs.Pipeline(rs.Timeout(5), rs.Retry(on=TimeoutError), rs.Timeout(1))
+        # An outer Retry's deadline bounds the inner one too (it used to warn).
+        rs.Pipeline(rs.Retry(on=OSError, deadline=5), rs.Retry(on=TimeoutError), rs.Timeout(1))
 
 
 class Limiter(rs.PolicyBase):
