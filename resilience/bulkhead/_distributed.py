@@ -259,15 +259,15 @@ class _Renewal:
             dist.release_now(self.keys, self.token)
             return None
         sent = _now()
+        if sent < dist.renewals_fail_until:
+            # Redis just failed a renewal: this one would block the keeper (which renews
+            # every bulkhead's leases, other backends' too) for the timeout in vain.
+            return self._failed(permit, sent)
         try:
             alive = dist.renew_script.run(self.keys, [self.token, dist.lease_ms])
         except BackendError:
-            if sent >= self.confirmed_until:
-                self.active = False
-                permit._mark_lost("unreachable")
-                return None
-            # Try again sooner, but not after the lease would run out.
-            return min(sent + dist.renew_every / 2, self.confirmed_until)
+            dist.renewals_fail_until = _now() + dist.renew_every / 4
+            return self._failed(permit, sent)
         if permit._released:  # released while the renewal was on the wire
             return None
         if not alive:
@@ -276,6 +276,15 @@ class _Renewal:
             return None
         self.confirmed_until = sent + dist.lease
         return sent + dist.renew_every
+
+    def _failed(self, permit: LeasePermit, sent: float) -> float | None:
+        """A renewal that did not reach Redis: lost once the lease may have run out."""
+        if sent >= self.confirmed_until:
+            self.active = False
+            permit._mark_lost("unreachable")
+            return None
+        # Try again sooner, but not after the lease would run out.
+        return min(sent + self.dist.renew_every / 2, self.confirmed_until)
 
 
 class _Attempt:
@@ -365,6 +374,8 @@ class Distributed:
         self.lease = lease
         self.lease_ms = max(1, round(lease * 1000))
         self.renew_every = lease / 3
+        #: Until then renewals fail at once: one just timed out (see _Renewal).
+        self.renewals_fail_until = 0.0
         self.raise_lost = on_lease_lost == "raise"
         self.failover = Failover(on_backend_error, owner=owner, clock=owner._clock)
         self.twin: Bulkhead | None = None

@@ -278,3 +278,45 @@ def test_recovery_never_puts_one_process_over_the_limit(redis_server: RedisServe
         for permit in held:
             permit.release()
         bulkhead.close()
+
+
+def test_a_paused_redis_does_not_starve_another_backends_renewals(
+    redis_server: RedisServer,
+) -> None:
+    """One keeper thread renews every lease. With 60 leases on a paused Redis, each
+    renewal used to block it for the backend timeout in turn, so a lease on a second,
+    healthy Redis was not renewed in time and was lost (its only slot granted again).
+    After one renewal fails, the paused backend's others fail at once for a moment."""
+    other_server = RedisServer().start()
+    paused = rs.Bulkhead(
+        60,
+        backend=RedisBackend.from_url(redis_server.url, timeout=0.05),
+        name="on-paused",
+        lease=1.0,
+        on_lease_lost="event",
+    )
+    healthy = rs.Bulkhead(
+        1,
+        backend=RedisBackend.from_url(other_server.url, timeout=0.05),
+        name="on-healthy",
+        lease=1.0,
+        on_lease_lost="event",
+    )
+    held = [paused.acquire_nowait("k") for _ in range(60)]
+    kept = healthy.acquire_nowait("k")
+    try:
+        redis_server.pause()
+        try:
+            time.sleep(2.5)  # well past the 1 s lease
+        finally:
+            redis_server.resume()
+        assert not kept.lost
+        with pytest.raises(rs.BulkheadFull):
+            healthy.acquire_nowait("k")
+    finally:
+        kept.release()
+        for permit in held:
+            permit.release()
+        paused.close()
+        healthy.close()
+        other_server.stop()
