@@ -27,6 +27,14 @@ __all__ = ["ConcurrencyLimitMiddleware", "header_priority"]
 
 _ALLOWED = ("bulkhead", "priority", "key", "max_wait")
 _URGENCY = re.compile(r"(?:^|,)\s*u\s*=\s*([0-9]+)")
+#: RFC 9218: a Priority field without ``u`` has urgency 3.
+_RFC9218_DEFAULT_URGENCY = 3
+
+
+def _is_priority_field(value: str) -> bool:
+    """Whether ``value`` reads as an RFC 9218 Priority field (members ``u`` and ``i``)."""
+    members = [member.strip().partition("=")[0].strip() for member in value.split(",")]
+    return bool(members) and all(member in ("u", "i") for member in members)
 
 #: Named priority classes understood by :func:`header_priority` (lower = more urgent).
 PRIORITY_CLASSES: Mapping[str, int] = {"interactive": 0, "default": 5, "batch": 10}
@@ -44,9 +52,10 @@ def header_priority(
 
     Understands an integer (``X-Priority: 2``), a class name from ``classes``
     (``interactive`` 0, ``default`` 5, ``batch`` 10) and the RFC 9218 ``Priority``
-    field's urgency (``u=1``). Values are clamped to ``[minimum, maximum]`` and a
-    missing or unreadable header means ``default``. Clients can claim any priority:
-    only trust this header when it is set by your own gateway or first-party clients.
+    field's urgency (``u=1``; 3 when the field has none, as RFC 9218 says). Values are
+    clamped to ``[minimum, maximum]`` and a missing or unreadable header means
+    ``default``. Clients can claim any priority: only trust this header when it is set
+    by your own gateway or first-party clients.
 
     Example::
 
@@ -68,9 +77,12 @@ def header_priority(
                 number = int(value)
             else:
                 match = _URGENCY.search(value)
-                if match is None:
+                if match is not None:
+                    number = int(match.group(1))
+                elif _is_priority_field(value):
+                    number = _RFC9218_DEFAULT_URGENCY  # "i" alone: urgency left default
+                else:
                     return default
-                number = int(match.group(1))
             return min(maximum, max(minimum, number))
         return default
 

@@ -292,7 +292,9 @@ async def test_per_client_key_exempt_and_passthrough() -> None:
 
 
 def test_header_priority_parsing() -> None:
-    """Integers, class names and RFC 9218 urgency; clamped; default when absent or bad."""
+    """Integers, class names and RFC 9218 urgency; clamped; default when absent or bad.
+    An RFC 9218 field without ``u`` (``i`` alone) has that RFC's default urgency, 3 (it
+    used to read as unreadable, the middleware's default)."""
     priority = header_priority("priority", default=5, maximum=10)
     values = {
         "2": 2,
@@ -300,6 +302,8 @@ def test_header_priority_parsing() -> None:
         "Interactive": 0,
         "u=1, i": 1,
         "i, u=7": 7,
+        "i": 3,
+        "i=?1": 3,
         "-5": 0,
         "99": 10,
         "garbage": 5,
