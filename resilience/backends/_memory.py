@@ -157,14 +157,12 @@ class MemoryBuckets:
 
         ``max_wait_us`` (microseconds) is how long a reservation may wait; 0: no waiting.
         """
-        monotonic_ns = self._monotonic_ns
-        if monotonic_ns is not None:
-            now = monotonic_ns() // 1000 * self._us_ticks
-        else:
-            now = round(self._monotonic() * 1_000_000) * self._us_ticks
         max_wait = max_wait_us * self._us_ticks
         self._acquire()
         try:
+            # Read under the lock: a thread acting on an older time than one that already
+            # ran could find a key swept as full that was not full yet at its time.
+            now = self._now()
             if key is None:
                 allowed, tat, wait = self.gcra.take(self._tat, now, cost, max_wait)
                 if allowed:
@@ -189,15 +187,15 @@ class MemoryBuckets:
         :meth:`_take_keyed` and :meth:`GCRA.take` inlined (a server runs this code
         cold, where every call layer costs several times what it costs in a loop).
         """
-        monotonic_ns = self._monotonic_ns
-        if monotonic_ns is not None:
-            now = monotonic_ns() // 1000 * self._us_ticks
-        else:
-            now = round(self._monotonic() * 1_000_000) * self._us_ticks
         tats = self._tats
         emission = self._emission
         self._acquire()
         try:
+            monotonic_ns = self._monotonic_ns  # the time under the lock (see admit)
+            if monotonic_ns is not None:
+                now = monotonic_ns() // 1000 * self._us_ticks
+            else:
+                now = round(self._monotonic() * 1_000_000) * self._us_ticks
             stored = tats.pop(key, None)
             if stored is None:
                 stored = self._floor
@@ -226,9 +224,9 @@ class MemoryBuckets:
 
     def take(self, key: Hashable, cost: int, max_wait_us: int) -> Decision:
         """Take ``cost`` tokens for ``key`` (0 peeks) and return the full :class:`Decision`."""
-        now = self._now()
         max_wait = max_wait_us * self._us_ticks
         with self._lock:
+            now = self._now()  # under the lock (see admit)
             if key is None:
                 allowed, tat, wait = self.gcra.take(self._tat, now, cost, max_wait)
                 if allowed:

@@ -15,7 +15,9 @@ Windows have whole-second periods (limits' granularity) and read limits' wall cl
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
+import threading
 import time
 from collections.abc import Hashable
 from typing import Any
@@ -89,6 +91,7 @@ class WindowBuckets:
         "_backend",
         "_errors",
         "_item",
+        "_lock",
         "_moving",
         "_name",
         "_period",
@@ -117,6 +120,10 @@ class WindowBuckets:
         self._period = rate.period_us / 1_000_000
         self._backend = backend
         self.local = local
+        # limits' MemoryStorage checks a counter's expiry outside the lock it increments
+        # under: a thread descheduled in between can wipe a window another just started
+        # (16 threads on "3/s" admitted 15 in 3 s). In memory, decisions are serialised.
+        self._lock = contextlib.nullcontext() if backend is not None else threading.Lock()
         self._async_strategies: dict[asyncio.AbstractEventLoop, Any] = {}
         errors: tuple[type[BaseException], ...] = (OSError, TimeoutError)
         if backend is not None:
@@ -199,11 +206,12 @@ class WindowBuckets:
         ident = _identifier(key)
         strategy = self._strategy
         try:
-            if cost:
-                allowed = strategy.hit(self._item, self._name, ident, cost=cost)
-            else:
-                allowed = strategy.test(self._item, self._name, ident)
-            stats = strategy.get_window_stats(self._item, self._name, ident)
+            with self._lock:
+                if cost:
+                    allowed = strategy.hit(self._item, self._name, ident, cost=cost)
+                else:
+                    allowed = strategy.test(self._item, self._name, ident)
+                stats = strategy.get_window_stats(self._item, self._name, ident)
         except self._errors as exc:
             raise BackendError(f"limits storage failed: {exc!r}") from exc
         return self._decision(allowed, stats, cost)
@@ -236,7 +244,8 @@ class WindowBuckets:
     def reset(self, key: Hashable) -> None:
         """Clear ``key``'s window (limits' ``clear``); raises ``BackendError``."""
         try:
-            self._strategy.clear(self._item, self._name, _identifier(key))
+            with self._lock:
+                self._strategy.clear(self._item, self._name, _identifier(key))
         except self._errors as exc:
             raise BackendError(f"limits storage failed: {exc!r}") from exc
 

@@ -375,3 +375,70 @@ async def test_reset_async_in_memory() -> None:
     assert not await limiter.try_acquire_async("k")
     await limiter.reset_async("k")
     assert await limiter.try_acquire_async("k")
+
+
+class _GatedClock:
+    """A clock whose reading pauses one chosen thread right after it reads the time,
+    as a busy machine deschedules a thread between its clock read and its lock."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.gate: tuple[int, threading.Event] | None = None
+        self.read = threading.Event()
+
+    def monotonic(self) -> float:
+        now, gate = self.now, self.gate
+        if gate is not None and gate[0] == threading.get_ident():
+            self.gate = None
+            self.read.set()
+            gate[1].wait(5)
+        return now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += max(seconds, 0.0)
+
+    async def sleep_async(self, seconds: float) -> None:
+        self.now += max(seconds, 0.0)
+
+
+@pytest.mark.parametrize("variant", ["sweep", "peek", "max_keys"])
+def test_a_thread_acting_on_an_older_time_never_over_admits(variant: str) -> None:
+    """ "1/s", burst 1. A thread reads t=0.5 and stalls; meanwhile, at t=1.0, the key is
+    dropped as full (a new key's sweep, a peek, the ``max_keys`` cap). The stalled
+    thread used to find it missing and take it as full: 3 admissions in 1.5 s, where
+    burst + rate x 1.5 s = 2.5. The time is now read under the lock."""
+    from resilience.backends import MemoryBackend
+
+    clock = _GatedClock()
+    backend = MemoryBackend(max_keys=1) if variant == "max_keys" else None
+    limiter = rs.RateLimiter("1/s", burst=1, clock=clock, backend=backend)
+    admitted = [limiter.try_acquire("k").allowed]  # t=0
+    clock.now = 0.5
+    go = threading.Event()
+    results: dict[str, bool] = {}
+
+    def stalled() -> None:
+        clock.gate = (threading.get_ident(), go)
+        results["stalled"] = limiter.try_acquire("k").allowed
+
+    def at_one_second() -> None:
+        if variant == "peek":
+            limiter.try_acquire("k", cost=0)
+        else:
+            limiter.try_acquire("other")
+
+    first = threading.Thread(target=stalled)
+    first.start()
+    assert clock.read.wait(5)
+    clock.now = 1.0
+    second = threading.Thread(target=at_one_second)
+    second.start()
+    second.join(0.2)  # with the fix it waits for the stalled thread's lock
+    go.set()
+    first.join(5)
+    second.join(5)
+    admitted.append(results["stalled"])
+    admitted.append(limiter.try_acquire("k").allowed)  # t=1.0
+    clock.now = 1.5
+    admitted.append(limiter.try_acquire("k").allowed)  # t=1.5
+    assert sum(admitted) <= 2

@@ -89,3 +89,34 @@ def test_reset_clears_a_window(algorithm: str) -> None:
     limiter.reset("a")
     assert limiter.try_acquire("a", cost=2)
     assert not limiter.try_acquire("b")
+
+
+def test_a_fixed_window_in_memory_holds_under_threads() -> None:
+    """16 threads on a "3/s" fixed window for 1.5 s: at most 3 per window, so at most 6
+    admissions in a span under 2 s. limits' MemoryStorage checks a window's expiry
+    outside the lock it counts under, and threads used to wipe windows others had just
+    started (15 admissions in 3.05 s, where 12 fit); decisions are now serialised."""
+    import threading
+    import time
+
+    limiter = rs.RateLimiter("3/s", algorithm="fixed-window")
+    admitted: list[float] = []
+    lock = threading.Lock()
+    stop = time.monotonic() + 1.5
+
+    def hammer() -> None:
+        mine: list[float] = []
+        while time.monotonic() < stop:
+            if limiter.try_acquire("k"):
+                mine.append(time.monotonic())
+        with lock:
+            admitted.extend(mine)
+
+    threads = [threading.Thread(target=hammer) for _ in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    span = max(admitted) - min(admitted)
+    assert span < 2.0
+    assert len(admitted) <= 6
