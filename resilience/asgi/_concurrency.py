@@ -36,6 +36,7 @@ def _is_priority_field(value: str) -> bool:
     members = [member.strip().partition("=")[0].strip() for member in value.split(",")]
     return bool(members) and all(member in ("u", "i") for member in members)
 
+
 #: Named priority classes understood by :func:`header_priority` (lower = more urgent).
 PRIORITY_CLASSES: Mapping[str, int] = {"interactive": 0, "default": 5, "batch": 10}
 
