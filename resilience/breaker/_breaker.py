@@ -89,7 +89,7 @@ class Permit:
             self._done = True
             outcome = FAILURE
             if exc is not None:
-                outcome = self._breaker._config.classify(exc, explicit=True)
+                outcome = self._classified(exc, explicit=True)
             self._breaker._settle(self._core, self._ticket, outcome, self._start, exc)
 
     def ignore(self) -> None:
@@ -105,8 +105,17 @@ class Permit:
             self.success()
             return
         self._done = True
-        outcome = self._breaker._config.classify(exc)
+        outcome = self._classified(exc, explicit=False)
         self._breaker._settle(self._core, self._ticket, outcome, self._start, exc)
+
+    def _classified(self, exc: BaseException, *, explicit: bool) -> Outcome:
+        """What ``exc`` counts as; if the user's predicate raises, the ticket is settled
+        as ignored (a half-open probe slot must come back) and the error propagates."""
+        try:
+            return self._breaker._config.classify(exc, explicit=explicit)
+        except BaseException:
+            self._breaker._settle(self._core, self._ticket, IGNORE, self._start, exc)
+            raise
 
     def __enter__(self) -> Permit:
         return self
@@ -417,12 +426,26 @@ class CircuitBreaker(PolicyBase):
     def _failed(
         self, core: BreakerCore, ticket: Ticket, exc: BaseException, start: float | None
     ) -> None:
-        self._settle(core, ticket, self._config.classify(exc), start, exc)
+        try:
+            outcome = self._config.classify(exc)
+        except BaseException:
+            # The user's record=/exclude= raised: the call counts for nothing, but its
+            # ticket is settled all the same (a half-open probe slot must come back).
+            self._settle(core, ticket, IGNORE, start, exc)
+            raise
+        self._settle(core, ticket, outcome, start, exc)
 
     def _succeeded(
         self, core: BreakerCore, ticket: Ticket, result: object, start: float | None
     ) -> None:
-        outcome = SUCCESS if self._judge is None else self._config.judge(result)
+        if self._judge is None:
+            outcome = SUCCESS
+        else:
+            try:
+                outcome = self._config.judge(result)
+            except BaseException:  # the user's record_result= raised (see _failed)
+                self._settle(core, ticket, IGNORE, start, None)
+                raise
         self._settle(core, ticket, outcome, start, None)
 
     # ----------------------------------------------------------------- admission

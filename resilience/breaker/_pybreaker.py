@@ -9,6 +9,7 @@ call, and serves ``async def`` functions natively (asyncio and trio).
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
@@ -64,6 +65,12 @@ def _state_name(state: Any) -> str:
     return _STATES.get(getattr(state, "name", ""), CircuitState.CLOSED).value
 
 
+#: Whether a half-open trial call is running, per pybreaker: shared by every policy
+#: that wraps the same pybreaker (one decorating several functions), as pybreaker's own
+#: one-trial rule is. Read and written under the pybreaker's lock.
+_TRIALS: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+
+
 class PyBreakerPolicy(PolicyBase):
     """Use an existing ``pybreaker.CircuitBreaker`` as a resilience policy.
 
@@ -106,7 +113,6 @@ class PyBreakerPolicy(PolicyBase):
         self._half_open_state = pybreaker.STATE_HALF_OPEN
         self._breaker_error = pybreaker.CircuitBreakerError
         self._error = _open_error()
-        self._trial = False
         self._bridge = _make_bridge(pybreaker, self)
         breaker.add_listener(self._bridge)
 
@@ -127,11 +133,17 @@ class PyBreakerPolicy(PolicyBase):
                 state = cb.state
             trial = state.name == self._half_open_state
             if trial:
-                if self._trial:
+                # One trial per pybreaker, whichever of its policies admits it.
+                if _TRIALS.get(cb, False):
                     raise self._reject(None)
-                self._trial = True
-            for listener in cb.listeners:
-                listener.before_call(cb, fn, *args, **kwargs)
+                _TRIALS[cb] = True
+            try:
+                for listener in cb.listeners:
+                    listener.before_call(cb, fn, *args, **kwargs)
+            except BaseException:
+                if trial:  # the trial never ran: the next call may try
+                    _TRIALS[cb] = False
+                raise
             return state, trial
 
     def _reject(self, retry_after: float | None) -> CircuitOpen:
@@ -145,7 +157,7 @@ class PyBreakerPolicy(PolicyBase):
         cb = self.breaker
         with cb._lock:
             if trial:
-                self._trial = False
+                _TRIALS[cb] = False
             if exc is not None and (
                 not isinstance(exc, Exception)
                 or (isinstance(exc, Rejected) and not self._record_rejected)

@@ -137,7 +137,8 @@ class _Hub:
         self.channel = f"{backend.prefix}:cb:events"
         self.connected = False
         self.stopped = False
-        self._members: dict[str, weakref.ref[SharedState]] = {}
+        #: name -> the breakers of that name (several may share one: each hears all).
+        self._members: dict[str, weakref.WeakSet[SharedState]] = {}
         self._lock = threading.Lock()
         self._jobs: queue.SimpleQueue[Callable[[], object] | None] = queue.SimpleQueue()
         self._stop = threading.Event()
@@ -150,7 +151,7 @@ class _Hub:
 
     def register(self, shared: SharedState) -> None:
         with self._lock:
-            self._members[shared.name] = weakref.ref(shared)
+            self._members.setdefault(shared.name, weakref.WeakSet()).add(shared)
             self.interval = min(
                 (m.sync_interval for m in self._live() if m is not None), default=1.0
             )
@@ -166,15 +167,17 @@ class _Hub:
 
     def unregister(self, shared: SharedState) -> None:
         with self._lock:
-            ref = self._members.get(shared.name)
-            if ref is not None and ref() in (shared, None):
-                del self._members[shared.name]
-            empty = not self._members
+            group = self._members.get(shared.name)
+            if group is not None:
+                group.discard(shared)
+                if not group:
+                    del self._members[shared.name]
+            empty = not self._live()
         if empty:
             self.stop()
 
     def _live(self) -> list[SharedState]:
-        return [m for m in (ref() for ref in list(self._members.values())) if m is not None]
+        return [member for group in list(self._members.values()) for member in list(group)]
 
     def stop(self, timeout: float = 2.0) -> None:
         """Stop both threads (they exit within about 0.1 s)."""
@@ -243,9 +246,7 @@ class _Hub:
             message = json.loads(data)
             if message.get("origin") == self.origin:
                 return
-            ref = self._members.get(message["name"])
-            member = ref() if ref is not None else None
-            if member is not None:
+            for member in list(self._members.get(message["name"], ())):
                 member._remote(message["op"], message.get("key"), float(message.get("ttl", 0)))
         except Exception:
             logger.warning("resilience: bad breaker message %r", data, exc_info=True)

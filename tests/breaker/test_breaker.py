@@ -720,3 +720,40 @@ async def test_decorated_coroutine_trips_probes_and_closes(fake_clock: FakeClock
     assert await fetch(False) == "ok"
     assert breaker.state is CircuitState.CLOSED
     assert fetch.__name__ == "fetch"
+
+
+def _raises_key_error() -> None:
+    raise KeyError(1)
+
+
+@pytest.mark.parametrize(
+    ("options", "probe"),
+    [
+        ({"record_result": lambda r: r.status_code >= 500}, lambda: None),
+        ({"exclude": lambda e: e.args[0].startswith("x")}, _raises_key_error),
+        (
+            {"record": lambda e: isinstance(e, ZeroDivisionError) or e.args[0].startswith("x")},
+            _raises_key_error,
+        ),
+    ],
+    ids=["record_result", "exclude", "record"],
+)
+def test_a_predicate_that_raises_on_a_probe_frees_the_probe_slot(
+    fake_clock: FakeClock, options: dict[str, Any], probe: Any
+) -> None:
+    """The user's predicate raising on a half-open probe's outcome propagates, and the
+    probe counts for nothing: its slot comes back, so the next call probes (it used to
+    stay taken: HALF_OPEN for good, every call refused with no retry_after)."""
+    breaker = rs.CircuitBreaker(
+        consecutive_failures=1, failure_rate=None, open_for=10, clock=fake_clock, **options
+    )
+    with pytest.raises(ZeroDivisionError):
+        breaker.call(lambda: 1 / 0)
+    fake_clock.advance(10)
+    with pytest.raises((AttributeError, KeyError)):
+        breaker.call(probe)
+    assert breaker.state is CircuitState.HALF_OPEN
+    assert breaker.statistics().half_open_in_flight == 0
+    with breaker.acquire_nowait() as permit:  # the next probe is admitted
+        permit.success()
+    assert breaker.state is CircuitState.CLOSED

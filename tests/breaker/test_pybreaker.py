@@ -52,10 +52,14 @@ def test_excluded_and_rejected_are_not_failures() -> None:
     assert legacy.current_state == pybreaker.STATE_CLOSED
 
 
-def test_half_open_lets_one_trial_through_and_closes() -> None:
-    """After reset_timeout one trial runs (others are rejected); its success closes."""
+@pytest.mark.parametrize("wrappers", [1, 2], ids=["one-policy", "two-policies"])
+def test_half_open_lets_one_trial_through_and_closes(wrappers: int) -> None:
+    """After reset_timeout one trial runs (others are rejected); its success closes.
+    The rule is the pybreaker's: with two policies wrapping it (one pybreaker for two
+    functions), the second one's call is rejected too (each used to allow a trial)."""
     legacy = pybreaker.CircuitBreaker(fail_max=1, reset_timeout=0.0)
     policy = PyBreakerPolicy(legacy)
+    other = PyBreakerPolicy(legacy) if wrappers == 2 else policy
     with pytest.raises(Boom):
         policy.call(boom)
     inside = threading.Event()
@@ -71,10 +75,35 @@ def test_half_open_lets_one_trial_through_and_closes() -> None:
     worker.start()
     assert inside.wait(5)
     with pytest.raises(rs.CircuitOpen):  # the trial is in flight: no second one
-        policy.call(int)
+        other.call(int)
     release.set()
     worker.join(5)
     assert results == ["ok"]
+    assert legacy.current_state == pybreaker.STATE_CLOSED
+
+
+def test_a_listener_failing_before_the_trial_does_not_block_the_breaker() -> None:
+    """A pybreaker listener's ``before_call`` raising during half-open: the trial never
+    ran, so the next call may try (the policy used to reject every call after it)."""
+
+    class Flaky(pybreaker.CircuitBreakerListener):  # type: ignore[misc]
+        fail = True
+
+        def before_call(self, cb: object, func: object, *args: object, **kwargs: object) -> None:
+            if Flaky.fail:
+                Flaky.fail = False
+                raise RuntimeError("listener")
+
+    legacy = pybreaker.CircuitBreaker(fail_max=1, reset_timeout=0.0)
+    policy = PyBreakerPolicy(legacy)
+    Flaky.fail = False
+    with pytest.raises(Boom):
+        policy.call(boom)
+    legacy.add_listener(Flaky())
+    Flaky.fail = True
+    with pytest.raises(RuntimeError):
+        policy.call(int)
+    assert policy.call(lambda: "ok") == "ok"
     assert legacy.current_state == pybreaker.STATE_CLOSED
 
 

@@ -110,6 +110,43 @@ def test_a_trip_opens_the_others(fleet: Fleet) -> None:
     assert 0 < caught.value.retry_after <= OPEN_FOR
 
 
+def test_breakers_sharing_a_name_and_a_backend_all_hear_the_fleet(
+    fleet: Fleet, redis_server: RedisServer
+) -> None:
+    """Two breakers of one name on one backend (one process, two modules): a trip
+    elsewhere opens both (the later one used to replace the earlier in the process's
+    table: the earlier stayed CLOSED for good), and dropping one leaves the other
+    subscribed (its hub used to stop)."""
+    tripper = fleet.add()
+    backend = RedisBackend.from_url(redis_server.url, timeout=1.0)
+    options: dict[str, Any] = {
+        "name": "fleet",
+        "failure_rate": None,
+        "consecutive_failures": 2,
+        "open_for": 30.0,
+        "sync_interval": 30.0,
+    }
+    first = CircuitBreaker(backend=backend, **options)
+    second = CircuitBreaker(backend=backend, **options)
+    dropped = CircuitBreaker(backend=backend, **options)
+    try:
+        assert wait_for(lambda: first.shared is not None and first.shared.connected)
+        assert dropped.shared is not None
+        dropped.shared.close()
+        del dropped
+        heard = [opened_event(first), opened_event(second)]
+        for _ in range(2):
+            with pytest.raises(Boom):
+                tripper.call(boom)
+        assert all(event.wait(3) for event in heard)
+        assert first.state is CircuitState.OPEN
+        assert second.state is CircuitState.OPEN
+    finally:
+        for breaker in (first, second):
+            assert breaker.shared is not None
+            breaker.shared.close()
+
+
 def test_exactly_one_probe_fleet_wide_and_its_success_closes_all(fleet: Fleet) -> None:
     """After the cool-down one process wins the probe; its success closes everybody."""
     a, b, c = fleet.add(), fleet.add(), fleet.add()
