@@ -20,8 +20,8 @@ IGNORE: Outcome = "ignored"
 
 
 def _filter(name: str, value: Any) -> ExceptionMatcher | None:
-    if value is None or value == ():
-        return None
+    if value is None or (isinstance(value, tuple | list | set | frozenset) and not value):
+        return None  # "nothing": (), [] and set() alike
     return ExceptionMatcher(name, value)
 
 

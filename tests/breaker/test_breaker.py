@@ -757,3 +757,14 @@ def test_a_predicate_that_raises_on_a_probe_frees_the_probe_slot(
     with breaker.acquire_nowait() as permit:  # the next probe is admitted
         permit.success()
     assert breaker.state is CircuitState.CLOSED
+
+
+@pytest.mark.parametrize("nothing", [(), [], set()], ids=["tuple", "list", "set"])
+def test_an_empty_exclude_excludes_nothing(fake_clock: FakeClock, nothing: Any) -> None:
+    """``exclude=[]`` means what the default ``exclude=()`` means (it was refused)."""
+    breaker = rs.CircuitBreaker(
+        consecutive_failures=1, failure_rate=None, exclude=nothing, clock=fake_clock
+    )
+    with pytest.raises(KeyError):
+        breaker.call(_raises_key_error)
+    assert breaker.state is CircuitState.OPEN
