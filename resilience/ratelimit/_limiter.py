@@ -51,9 +51,10 @@ def _wait_us(seconds: float) -> int:
 class RateLimiterStatistics:
     """A snapshot of a :class:`RateLimiter`'s counters.
 
-    ``keys`` is the number of buckets held in process (``None`` when the state lives
-    only in a shared backend). The backend fields stay at their defaults for a limiter
-    without a shared backend.
+    ``waited`` counts the admissions that had to wait (a reservation, or a window
+    algorithm's sleep before asking again). ``keys`` is the number of buckets held in
+    process (``None`` when the state lives only in a shared backend). The backend
+    fields stay at their defaults for a limiter without a shared backend.
 
     Example::
 
@@ -372,6 +373,7 @@ class RateLimiter(PolicyBase):
         if cost != 1:
             self._check_cost(cost)
         budget = self._budget_us(max_wait)
+        polled = 0.0  # slept asking again (window algorithms, which cannot reserve)
         while True:
             decision: Decision = self._buckets.take(key, cost, budget)
             if decision.allowed:
@@ -380,12 +382,14 @@ class RateLimiter(PolicyBase):
             if delay is None:
                 raise self._refused(key, decision.retry_after)
             self._clock.sleep(delay)
+            polled += delay
             budget -= _wait_us(delay)
         self._admitted += 1
         if self._listeners or GLOBAL_LISTENERS:
-            self._report_admission(key, decision.wait)
-        if decision.wait > 0:
+            self._report_admission(key, polled + decision.wait)
+        if polled or decision.wait > 0:
             self._waited += 1
+        if decision.wait > 0:
             self._clock.sleep(decision.wait)
         return decision
 
@@ -403,6 +407,7 @@ class RateLimiter(PolicyBase):
         budget = self._budget_us(max_wait)
         buckets = self._buckets
         decision: Decision
+        polled = 0.0  # see acquire()
         while True:
             if buckets.local:
                 decision = buckets.take(key, cost, budget)
@@ -414,12 +419,14 @@ class RateLimiter(PolicyBase):
             if delay is None:
                 raise self._refused(key, decision.retry_after)
             await self._clock.sleep_async(delay)
+            polled += delay
             budget -= _wait_us(delay)
         self._admitted += 1
         if self._listeners or GLOBAL_LISTENERS:
-            self._report_admission(key, decision.wait)
-        if decision.wait > 0:
+            self._report_admission(key, polled + decision.wait)
+        if polled or decision.wait > 0:
             self._waited += 1
+        if decision.wait > 0:
             await self._clock.sleep_async(decision.wait)
         return decision
 

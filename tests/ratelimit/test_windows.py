@@ -120,3 +120,23 @@ def test_a_fixed_window_in_memory_holds_under_threads() -> None:
     span = max(admitted) - min(admitted)
     assert span < 2.0
     assert len(admitted) <= 6
+
+
+def test_a_window_wait_is_reported_as_waited() -> None:
+    """A window cannot reserve: ``acquire(max_wait=...)`` sleeps and asks again. That
+    time is the call's wait, in ``CallAdmitted.waited`` and ``statistics().waited``
+    (it used to be reported as 0: the wait-time histogram never saw it)."""
+    import time
+
+    limiter = rs.RateLimiter("2/s", algorithm="fixed-window", max_wait=3)
+    waits: list[float] = []
+    limiter.add_listener(
+        lambda e: waits.append(e.waited) if isinstance(e, rs.CallAdmitted) else None
+    )
+    started = time.monotonic()
+    for _ in range(3):
+        limiter.acquire("k")
+    blocked = time.monotonic() - started
+    assert waits[:2] == [0.0, 0.0]
+    assert 0.5 < waits[2] <= blocked + 0.01
+    assert limiter.statistics().waited == 1
