@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .._events import Event, add_listener, remove_listener
+from ..errors import ConfigurationError
 from ._require import require
 from ._series import (
     CALL_DURATION,
@@ -129,7 +130,9 @@ class PrometheusMetrics:
 
             metrics.percentiles("downloads")   # {0.5: 0.012, 0.95: 0.19, 0.99: 0.41}
         """
-        series = CALL_DURATION if histogram == "call" else WAIT_DURATION
+        series = {"call": CALL_DURATION, "wait": WAIT_DURATION}.get(histogram)
+        if series is None:
+            raise ConfigurationError(f"histogram must be 'call' or 'wait', got {histogram!r}")
         metric = self._metrics[series]
         cumulative: dict[float, float] = {}
         for family in metric.collect():

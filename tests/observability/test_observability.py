@@ -144,6 +144,9 @@ def test_prometheus_series_and_percentiles(prometheus: PrometheusMetrics) -> Non
     assert 0.05 <= p[0.95] <= 0.1
     assert 0.05 <= p[0.99] <= 0.1
     assert all(math.isnan(v) for v in prometheus.percentiles("nobody").values())
+    # An unknown histogram name is an error (it used to read the wait histogram).
+    with pytest.raises(rs.ConfigurationError, match="histogram"):
+        prometheus.percentiles("downloads", histogram="calls")
 
 
 def test_prometheus_receives_global_events(prometheus: PrometheusMetrics) -> None:
