@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 from collections.abc import Generator, Iterator
 
 import pytest
@@ -41,9 +42,21 @@ def redis_required() -> bool:
 
 
 def spawn_redis(**kwargs: object) -> RedisServer:
-    """Start a :class:`RedisServer`, skipping (or failing under CI) if that is impossible."""
+    """Start a :class:`RedisServer`, skipping (or failing under CI) if that is impossible.
+
+    Without an explicit ``port``, a start that loses its free port to another process
+    (parallel test workers) is tried again on a new one, twice.
+    """
+    attempts = 1 if "port" in kwargs else 3
     try:
-        return RedisServer(**kwargs).start()  # type: ignore[arg-type]
+        for attempt in range(attempts):
+            try:
+                return RedisServer(**kwargs).start()  # type: ignore[arg-type]
+            except RedisUnavailable:
+                if attempt + 1 == attempts or shutil.which("redis-server") is None:
+                    raise
+                # Most likely a port race: the next RedisServer draws a new free port.
+        raise AssertionError("unreachable")  # pragma: no cover
     except RedisUnavailable as exc:
         message = f"REDIS UNAVAILABLE, test needs a redis-server binary: {exc}"
         if redis_required():

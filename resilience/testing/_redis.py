@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import socket
@@ -114,7 +115,15 @@ class RedisServer:
         return f"redis://{self.host}:{self.port}/0"
 
     def start(self, timeout: float = 10.0) -> RedisServer:
-        """Spawn the server and wait until it answers PING."""
+        """Spawn the server and wait until it answers PING.
+
+        The answer must come from the process just spawned: if another server holds the
+        port, :class:`RedisUnavailable` is raised (and nothing is left behind) rather
+        than handing the test someone else's Redis.
+        """
+        if self.running:
+            raise RuntimeError(f"{self!r} is already running")
+        os.makedirs(self._dir, exist_ok=True)  # stop() removed it
         args = [
             self.binary,
             "--port",
@@ -137,15 +146,29 @@ class RedisServer:
             args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
         )
         self.paused = False
+        try:
+            self._wait_until_up(self.process, timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_until_up(self, process: subprocess.Popen[bytes], timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RedisUnavailable(f"redis-server exited with {self.process.returncode}")
+            if process.poll() is not None:
+                raise RedisUnavailable(
+                    f"redis-server exited with {process.returncode} (port {self.port} in use?)"
+                )
+            answer: Any = None
             with contextlib.suppress(OSError, ConnectionError, RuntimeError):
-                if resp_command(self.port, "PING", timeout=0.5) == "PONG":
-                    return self
+                answer = resp_command(self.port, "INFO", "server", timeout=0.5)
+            if answer is not None:
+                found = re.search(r"process_id:(\d+)", str(answer))
+                if found is not None and int(found.group(1)) == process.pid:
+                    return
+                raise RedisUnavailable(f"port {self.port} is held by another Redis server")
             time.sleep(0.02)
-        self.kill()
         raise RedisUnavailable(f"redis-server did not answer on port {self.port}")
 
     def command(self, *args: object) -> Any:

@@ -41,3 +41,33 @@ def test_flush_scripts(redis_server: RedisServer) -> None:
     assert redis_server.command("SCRIPT", "EXISTS", sha) == [1]
     redis_server.flush_scripts()
     assert redis_server.command("SCRIPT", "EXISTS", sha) == [0]
+
+
+def test_a_port_held_by_another_server_is_refused(redis_server: RedisServer) -> None:
+    """``start()`` on a port another Redis holds raises ``RedisUnavailable`` and leaves
+    nothing behind (it used to take that server's PONG as its own: the test then used,
+    flushed or killed someone else's Redis, and its own process was orphaned)."""
+    import os
+
+    from resilience.testing import RedisUnavailable
+
+    intruder = RedisServer(port=redis_server.port)
+    with pytest.raises(RedisUnavailable, match="another"):
+        intruder.start()
+    assert not intruder.running
+    assert not os.path.isdir(intruder._dir)
+    assert redis_server.command("PING") == "PONG"
+
+
+def test_start_twice_is_refused_and_start_after_stop_works() -> None:
+    """A running server cannot be started again (the first process used to be orphaned,
+    out of stop()'s reach); after stop(), start() works again."""
+    server = RedisServer().start()
+    try:
+        with pytest.raises(RuntimeError, match="already running"):
+            server.start()
+        server.stop()
+        server.start()
+        assert server.command("PING") == "PONG"
+    finally:
+        server.stop()
