@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import threading
 import time
-from collections.abc import Hashable
-from typing import Any
+from collections.abc import Awaitable, Callable, Hashable
+from typing import Any, TypeVar
 
 from ..backends._redis import RedisBackend
 from ..errors import BackendError, ConfigurationError
@@ -28,6 +29,8 @@ from ._gcra import Decision
 from ._rate import Rate
 
 __all__ = ["WindowBuckets"]
+
+T = TypeVar("T")
 
 _STRATEGIES = {
     "fixed-window": "FixedWindowRateLimiter",
@@ -218,28 +221,17 @@ class WindowBuckets:
 
     async def take_async(self, key: Hashable, cost: int, max_wait_us: int) -> Decision:
         """Like :meth:`take` from asyncio (limits.aio) or trio (a worker thread)."""
-        strategy = self._async_strategy() if self._backend is not None else None
-        if strategy is None:
-            import anyio.to_thread
-
-            if self._backend is None:
-                return self.take(key, cost, max_wait_us)
-            with anyio.fail_after(self._backend.round_trip_bound):
-                return await anyio.to_thread.run_sync(
-                    self.take, key, cost, max_wait_us, abandon_on_cancel=True
-                )
         ident = _identifier(key)
-        assert self._backend is not None
-        try:
-            async with asyncio.timeout(self._backend.timeout):
-                if cost:
-                    allowed = await strategy.hit(self._item, self._name, ident, cost=cost)
-                else:
-                    allowed = await strategy.test(self._item, self._name, ident)
-                stats = await strategy.get_window_stats(self._item, self._name, ident)
-        except self._errors as exc:
-            raise BackendError(f"limits storage failed: {exc!r}") from exc
-        return self._decision(allowed, stats, cost)
+
+        async def decide(strategy: Any) -> Decision:
+            if cost:
+                allowed = await strategy.hit(self._item, self._name, ident, cost=cost)
+            else:
+                allowed = await strategy.test(self._item, self._name, ident)
+            stats = await strategy.get_window_stats(self._item, self._name, ident)
+            return self._decision(allowed, stats, cost)
+
+        return await self._run_async(functools.partial(self.take, key, cost, max_wait_us), decide)
 
     def reset(self, key: Hashable) -> None:
         """Clear ``key``'s window (limits' ``clear``); raises ``BackendError``."""
@@ -251,20 +243,31 @@ class WindowBuckets:
 
     async def reset_async(self, key: Hashable) -> None:
         """Like :meth:`reset`, from asyncio (limits.aio) or trio (a worker thread)."""
-        strategy = self._async_strategy() if self._backend is not None else None
+        ident = _identifier(key)
+
+        async def clear(strategy: Any) -> None:
+            await strategy.clear(self._item, self._name, ident)
+
+        await self._run_async(functools.partial(self.reset, key), clear)
+
+    async def _run_async(
+        self, sync_op: Callable[[], T], async_op: Callable[[Any], Awaitable[T]]
+    ) -> T:
+        """``async_op(strategy)`` on this loop's limits.aio strategy, bounded by the
+        backend timeout; else ``sync_op()``: at once in memory, or in a worker thread
+        (trio, Redis Cluster) cut at the backend's round-trip bound."""
+        backend = self._backend
+        if backend is None:
+            return sync_op()
+        strategy = self._async_strategy()
         if strategy is None:
             import anyio.to_thread
 
-            if self._backend is None:
-                self.reset(key)
-                return
-            with anyio.fail_after(self._backend.round_trip_bound):
-                await anyio.to_thread.run_sync(self.reset, key, abandon_on_cancel=True)
-            return
-        assert self._backend is not None
+            with anyio.fail_after(backend.round_trip_bound):
+                return await anyio.to_thread.run_sync(sync_op, abandon_on_cancel=True)
         try:
-            async with asyncio.timeout(self._backend.timeout):
-                await strategy.clear(self._item, self._name, _identifier(key))
+            async with asyncio.timeout(backend.timeout):
+                return await async_op(strategy)
         except self._errors as exc:
             raise BackendError(f"limits storage failed: {exc!r}") from exc
 
