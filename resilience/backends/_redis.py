@@ -39,6 +39,12 @@ _MAX_RAW_PART = 64
 _SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.:/@=+,")
 
 
+#: Seconds a fresh connection's handshake may take beyond the backend timeout (a busy
+#: host): a run is then bounded by ``timeout`` for the handshake plus this, and
+#: ``timeout`` for the command, which is ``RedisBackend.round_trip_bound``.
+_HANDSHAKE_ALLOWANCE = 0.05
+
+
 def require_redis() -> Any:
     """Import and return :mod:`redis`, or raise ``ImportError`` naming the extra."""
     try:
@@ -393,7 +399,7 @@ class RedisBackend:
         timeouts (the backend ``timeout``) bound every operation, with room for a fresh
         connection's handshake on a busy host; async runs in a worker thread are cut
         (and the thread abandoned) at this bound."""
-        return 2 * self.timeout + 0.05
+        return 2 * self.timeout + _HANDSHAKE_ALLOWANCE
 
     def key(self, *parts: Part) -> str:
         """A Redis key ``"{prefix}:{<parts>}"`` whose hash tag covers all ``parts``.
@@ -640,7 +646,7 @@ class _Lane:
         # milliseconds away could never be connected to. Together they stay within
         # RedisBackend.round_trip_bound (2 x timeout + 0.05 s). No retries.
         self._timeout = timeout
-        self._connect_budget = timeout + 0.05
+        self._connect_budget = timeout + _HANDSHAKE_ALLOWANCE
         options = {
             **pool.connection_kwargs,
             "socket_timeout": None,
