@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from typing import Any
 
 from .._clock import SYSTEM_CLOCK, Clock
+from .._http._hosts import split_port
 from .._validate import check_clock, check_int
 from ..errors import ConfigurationError
 
@@ -139,8 +140,8 @@ def _host_gate(pattern: str) -> Gate:
     port (``"127.0.0.1:8001"``), that host and port only, as ``ResilientTransport``'s
     ``hosts=`` names them."""
     pattern = pattern.lower()
-    name, _, port = pattern.rpartition(":")
-    if port.isdigit() and name and ":" not in name:
+    name, port = split_port(pattern)
+    if port is not None:
 
         def with_port(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
             url = args[0].url

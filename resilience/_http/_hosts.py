@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from ..bulkhead import Bulkhead
     from ..ratelimit import RateLimiter
 
-__all__ = ["Host", "HostTable", "host_key"]
+__all__ = ["Host", "HostTable", "host_key", "split_port"]
 
 
 def host_key(request: httpx.Request) -> str:
@@ -46,6 +46,19 @@ def host_key(request: httpx.Request) -> str:
     url = request.url
     port = url.port
     return url.host if port is None else f"{url.host}:{port}"
+
+
+def split_port(text: str) -> tuple[str, str | None]:
+    """``("host", "8080")`` for ``"host:8080"``; ``(text, None)`` without a port.
+
+    Text with more colons (an IPv6 literal) is left whole: its colons are ambiguous.
+
+    Example: ``split_port("api.example.com:8443") == ("api.example.com", "8443")``
+    """
+    name, _, port = text.rpartition(":")
+    if port.isdigit() and name and ":" not in name:
+        return name, port
+    return text, None
 
 
 class Host:

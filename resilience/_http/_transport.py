@@ -49,7 +49,7 @@ from ._config import (
     resolve,
 )
 from ._events import HedgeStarted, HostPaused
-from ._hosts import Host, HostTable, host_key
+from ._hosts import Host, HostTable, host_key, split_port
 from ._latency import Latencies
 from ._responses import HeldStream, aclose_quietly, discard, mentions_signals
 from ._signals import read_signals
@@ -275,8 +275,8 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observab
             text = str(key).lower()
             # "slow.example.com" also names slow.example.com:8080 (a pattern with a
             # port names that port only); IPv6 keys are left whole (ambiguous colons).
-            name, _, port = text.rpartition(":")
-            texts = (text, name) if port.isdigit() and name and ":" not in name else (text,)
+            name, port = split_port(text)
+            texts = (text, name) if port is not None else (text,)
             override = self._override_for(texts)
             if override is not None:
                 policies = override
