@@ -42,11 +42,14 @@ class RetryStatistics:
 class _Run:
     """The mutable state of one call's retries; created only after a first failure."""
 
-    __slots__ = ("attempt", "delays")
+    __slots__ = ("attempt", "delays", "skipped")
 
     def __init__(self, delays: Iterator[float]) -> None:
         self.attempt = 1
         self.delays = delays
+        #: Seconds of backoff skipped under ``testing.no_wait()``: they still count
+        #: against the deadlines, so the attempts are those a real wait would give.
+        self.skipped = 0.0
 
 
 class Retry(PolicyBase):
@@ -125,6 +128,8 @@ class Retry(PolicyBase):
             if isinstance(hint, int | float) and math.isfinite(hint) and hint > delay:
                 delay = float(hint)
         remaining = _deadline.time_remaining()
+        if remaining is not None:
+            remaining -= run.skipped
         # A retry that would start with no time left only overruns the deadline.
         if remaining is not None and delay >= remaining:
             return self._give_up(attempt, "deadline", exc)
@@ -139,7 +144,10 @@ class Retry(PolicyBase):
             self._emit(
                 RetryScheduled(policy=self.name, attempt=attempt, delay=delay, exception=exc)
             )
-        return 0.0 if NO_WAIT.get() else delay
+        if NO_WAIT.get():
+            run.skipped += delay
+            return 0.0
+        return delay
 
     def _give_up(self, attempts: int, reason: str, exc: BaseException | None) -> float | None:
         self._exhausted += 1

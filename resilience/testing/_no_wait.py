@@ -16,7 +16,10 @@ def no_wait() -> Iterator[None]:
     """Inside this block, :class:`resilience.Retry` sleeps for zero seconds.
 
     Scoped by a ContextVar, not a global: other threads and tasks keep their delays.
-    Attempts, budgets and events are unchanged; only the waiting is skipped.
+    Attempts, budgets and events are unchanged; only the waiting is skipped. A skipped
+    sleep still counts against the retry's deadlines (its own ``deadline=`` and the
+    ambient one) as if it had been waited, so a deadline-bounded retry makes the same
+    attempts as without ``no_wait()``.
 
     Example::
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import itertools
 import weakref
@@ -224,6 +225,37 @@ def test_no_wait_is_scoped(fake_clock: FakeClock) -> None:
         retry(Flaky(1))()
     retry(Flaky(1))()
     assert fake_clock.sleeps == [0.0, 1.0]
+
+
+@pytest.mark.parametrize("ambient", [False, True])
+def test_no_wait_keeps_the_attempts_a_deadline_allows(fake_clock: FakeClock, ambient: bool) -> None:
+    """Skipped sleeps still count against the deadline (Retry's own or an outer one):
+    the same attempts and events as when really waiting, only faster."""
+
+    def attempts_and_schedules(skip: bool) -> tuple[int, int]:
+        retry = rs.Retry(
+            on=ConnectionError,
+            attempts=10,
+            deadline=None if ambient else 3.0,
+            backoff=backoff.constant(1.0),
+            clock=fake_clock,
+        )
+        scheduled: list[rs.Event] = []
+        retry.add_listener(
+            lambda event: scheduled.append(event) if isinstance(event, rs.RetryScheduled) else None
+        )
+        flaky = Flaky(100)
+        with contextlib.ExitStack() as stack:
+            if ambient:
+                stack.enter_context(rs.deadline(3.0, clock=fake_clock))
+            if skip:
+                stack.enter_context(no_wait())
+            with pytest.raises(ConnectionError):
+                retry(flaky)()
+        return flaky.calls, len(scheduled)
+
+    assert attempts_and_schedules(skip=False) == (3, 2)
+    assert attempts_and_schedules(skip=True) == (3, 2)
 
 
 def test_ambient_deadline_limits_retries(fake_clock: FakeClock) -> None:
