@@ -52,7 +52,8 @@ class Rejected(ResilienceError):
     """The call was refused before it started, so it had no side effects.
 
     ``retry_after`` is the number of seconds after which the same call may be admitted,
-    or ``None`` when unknown. :class:`resilience.Retry` waits at least that long before
+    or ``None`` when unknown; it may also be passed alone, positionally
+    (``rs.RateLimited(2.0)``). :class:`resilience.Retry` waits at least that long before
     retrying a rejected call.
 
     Example::
@@ -63,7 +64,12 @@ class Rejected(ResilienceError):
             print("come back in", exc.retry_after)
     """
 
-    def __init__(self, message: str = "", *, retry_after: float | None = None) -> None:
+    def __init__(self, message: str | float = "", *, retry_after: float | None = None) -> None:
+        if isinstance(message, int | float) and not isinstance(message, bool):
+            # rs.RateLimited(2.0): a lone number is the retry_after, not a message.
+            if retry_after is not None:
+                raise TypeError("retry_after given both positionally and by keyword")
+            message, retry_after = "", float(message)
         super().__init__(message or self._default_message(retry_after))
         self.retry_after = retry_after
 

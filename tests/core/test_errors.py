@@ -19,6 +19,18 @@ def test_rejections_are_rejected_and_carry_retry_after(cls: type[rs.Rejected]) -
     assert "1.500" in str(error)
 
 
+@pytest.mark.parametrize("cls", [rs.Rejected, rs.RateLimited, rs.CircuitOpen, rs.BulkheadFull])
+def test_a_lone_number_is_the_retry_after(cls: type[rs.Rejected]) -> None:
+    """``rs.RateLimited(2.0)`` carries retry_after 2.0 (the contract's
+    ``Rejected(retry_after)``), not a message "2.0"; a message stays a message."""
+    error = cls(2)
+    assert error.retry_after == 2.0
+    assert "retry after 2.000s" in str(error)
+    assert cls("busy").retry_after is None
+    with pytest.raises(TypeError):
+        cls(1.0, retry_after=2.0)
+
+
 def test_rejected_pickles_with_retry_after() -> None:
     """Rejections cross process boundaries intact."""
     error = pickle.loads(pickle.dumps(rs.RateLimited("slow down", retry_after=2.0)))
