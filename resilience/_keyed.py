@@ -65,7 +65,7 @@ class BoundedMap(Generic[K, V]):
         data = self._data
         with self._lock:
             item = data.get(key)
-            if item is not None and (self.idle_ttl is None or now - item[1] <= self.idle_ttl):
+            if item is not None and self._live(item[1], now):
                 data.move_to_end(key)
                 data[key] = (item[0], now)
                 value = item[0]
@@ -84,9 +84,17 @@ class BoundedMap(Generic[K, V]):
             return value
 
     def peek(self, key: K) -> V | None:
-        """The entry for ``key`` if present, without creating it or touching its age."""
+        """The entry for ``key`` if present and not idle past ``idle_ttl`` (the one
+        :meth:`get` would return), without creating it or touching its age."""
         item = self._data.get(key)
-        return None if item is None else item[0]
+        if item is None or not self._live(item[1], self._clock.monotonic()):
+            return None
+        return item[0]
+
+    def _live(self, used: float, now: float) -> bool:
+        """Whether an entry last used at ``used`` is still in use at ``now``: an idle
+        one has expired even before the sweep reaches it (see :meth:`get`)."""
+        return self.idle_ttl is None or now - used <= self.idle_ttl
 
     def pop(self, key: K) -> V | None:
         """Remove and return the entry for ``key`` (``None`` if absent)."""
@@ -98,7 +106,7 @@ class BoundedMap(Generic[K, V]):
         if self.idle_ttl is None or not self._data:
             return
         oldest_key = next(iter(self._data))
-        if now - self._data[oldest_key][1] > self.idle_ttl:
+        if not self._live(self._data[oldest_key][1], now):
             del self._data[oldest_key]
             self.evictions += 1
 
@@ -119,9 +127,13 @@ class BoundedMap(Generic[K, V]):
         return dropped
 
     def items(self) -> list[tuple[K, V]]:
-        """A snapshot of ``(key, entry)`` pairs, least recently used first."""
+        """A snapshot of the live ``(key, entry)`` pairs (idle ones left out, as
+        :meth:`peek` leaves them), least recently used first."""
+        now = self._clock.monotonic()
         with self._lock:
-            return [(key, value) for key, (value, _) in self._data.items()]
+            return [
+                (key, value) for key, (value, used) in self._data.items() if self._live(used, now)
+            ]
 
     def clear(self) -> None:
         """Drop every entry."""
@@ -129,10 +141,11 @@ class BoundedMap(Generic[K, V]):
             self._data.clear()
 
     def __len__(self) -> int:
+        # Entries held in memory: idle ones not swept yet count (the memory bound).
         return len(self._data)
 
     def __contains__(self, key: object) -> bool:
-        return key in self._data
+        return self.peek(key) is not None  # type: ignore[arg-type]
 
     def __iter__(self) -> Iterator[K]:
-        return iter(list(self._data))
+        return iter([key for key, _ in self.items()])

@@ -491,6 +491,27 @@ def test_a_key_idle_past_idle_ttl_starts_over_even_when_used_again_first(
     assert breaker.state_of("a") is CircuitState.OPEN
 
 
+def test_reports_agree_with_calls_about_an_idle_key(fake_clock: FakeClock) -> None:
+    """state_of(), states() and statistics() report an idle-expired key as the next call
+    will find it (a fresh CLOSED breaker), not the state it had before it went idle."""
+    breaker = CircuitBreaker(
+        key=lambda host: host,
+        consecutive_failures=1,
+        open_for=100,
+        idle_ttl=50,
+        clock=fake_clock,
+    )
+    fail_n(breaker, 1, "a")
+    assert breaker.state_of("a") is CircuitState.OPEN
+    fake_clock.advance(60)  # idle past idle_ttl, nothing swept it
+    assert breaker.state_of("a") is CircuitState.CLOSED
+    assert "a" not in breaker.states()
+    stats = breaker.statistics("a")
+    assert (stats.state, stats.retry_after) == (CircuitState.CLOSED, None)
+    succeed_n(breaker, 1, "a")  # and the call agrees
+    assert breaker.states() == {"a": CircuitState.CLOSED}
+
+
 def test_manual_control_of_keyed_breakers(fake_clock: FakeClock) -> None:
     """force_open() without a key covers every key, including keys seen later."""
     breaker = CircuitBreaker(key=lambda host: host, clock=fake_clock)
