@@ -79,17 +79,18 @@ class _Plan:
         # reports admissions itself (RequestAdmitted), once per request. A subclass that
         # overrides try_acquire(_async), or another limiter, is called through its
         # public methods (its overrides, and the events they emit, included).
-        exact = (
-            isinstance(limiter, RateLimiter)
-            and type(limiter).try_acquire is RateLimiter.try_acquire
-            and type(limiter).try_acquire_async is RateLimiter.try_acquire_async
-        )
+        base = isinstance(limiter, RateLimiter)
+        own_sync = base and type(limiter).try_acquire is RateLimiter.try_acquire
+        own_async = base and type(limiter).try_acquire_async is RateLimiter.try_acquire_async
+        exact = own_sync and own_async
         self.acquire = limiter._decide_async if exact else limiter.try_acquire_async
         # An in-process limiter decides without I/O: call its sync twin and save the
-        # coroutine (the limiter's own async shell does the same for local buckets).
+        # coroutine (the limiter's own async shell does the same for local buckets),
+        # unless the async method is overridden: then the override is what to call.
         local = getattr(getattr(limiter, "_buckets", None), "local", False) is True
-        decide = limiter._decide if exact else getattr(limiter, "try_acquire", None)
-        self.decide: Callable[[str, int], Any] | None = decide if local else None
+        self.decide: Callable[[str, int], Any] | None = None
+        if local and own_async:
+            self.decide = limiter._decide if own_sync else limiter.try_acquire
         self.key = _as_key(key).func
         if callable(cost):
             self.cost_fn: Callable[[Scope], int] | None = cost

@@ -464,17 +464,33 @@ async def test_each_request_is_one_decision_in_the_metrics(
     assert outcomes == ["admitted"] * (4 // cost) + ["rejected"]
 
 
-async def test_a_limiter_subclass_is_called_through_its_own_methods() -> None:
-    """A RateLimiter subclass overriding try_acquire sees every decision, with the
-    hashed key (the lean paths are kept for the exact class)."""
+class _SyncSpy(RateLimiter):
+    keys: list[object]
+
+    def try_acquire(self, key: Any = None, cost: int = 1) -> Any:
+        self.keys.append(key)
+        return super().try_acquire(key, cost)
+
+
+class _AsyncSpy(RateLimiter):
+    keys: list[object]
+
+    async def try_acquire_async(self, key: Any = None, cost: int = 1) -> Any:
+        self.keys.append(key)
+        return await super().try_acquire_async(key, cost)
+
+
+@pytest.mark.parametrize("spy", [_SyncSpy, _AsyncSpy], ids=["try_acquire", "try_acquire_async"])
+async def test_a_limiter_subclass_is_called_through_its_own_methods(
+    spy: type[_SyncSpy | _AsyncSpy],
+) -> None:
+    """A RateLimiter subclass overriding either acquisition method sees every decision,
+    with the hashed key (the lean paths are kept for the exact class); an in-memory
+    limiter overriding only the async method used to be bypassed."""
     keys: list[object] = []
-
-    class Spy(RateLimiter):
-        def try_acquire(self, key: Any = None, cost: int = 1) -> Any:
-            keys.append(key)
-            return super().try_acquire(key, cost)
-
-    app = RateLimitMiddleware(ok_app, limiter=Spy("100/s"))
+    limiter = spy("100/s")
+    limiter.keys = keys
+    app = RateLimitMiddleware(ok_app, limiter=limiter)
     assert (await call(app, http_scope(client=("203.0.113.9", 1)))).status == 200
     assert len(keys) == 1
     assert "203.0.113.9" not in str(keys[0])
