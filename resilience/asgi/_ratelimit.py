@@ -345,6 +345,13 @@ class RateLimitMiddleware(Observed):
                     return
                 await self._refuse(scope, send, self._unavailable, [(b"retry-after", b"1")], 1011)
                 return
+            except ConfigurationError:
+                if plan.cost_fn is None:
+                    raise
+                # A request's own cost above the burst can never be admitted: a refusal
+                # without Retry-After, not a 500 a client could trigger at will.
+                await self._too_costly(scope, receive, send, plan, key, cost)
+                return
             if not decision.allowed:
                 await self._refused(scope, receive, send, plan, key, decision)
                 return
@@ -380,6 +387,25 @@ class RateLimitMiddleware(Observed):
         headers = [(b"retry-after", retry_after_value(decision.retry_after))]
         headers.extend(plan.headers.refused(decision))
         await self._refuse(scope, send, plan.problem, headers, 1013)
+
+    async def _too_costly(
+        self, scope: Scope, receive: Receive, send: Send, plan: _Plan, key: str, cost: int
+    ) -> None:
+        if self.shadow:
+            self.shadow_rejected += 1
+            if self._observed:
+                self._emit(ShadowRejected(policy=plan.policy, key=key, retry_after=None))
+            await self.app(scope, receive, send)
+            return
+        self.rejected += 1
+        problem = Problem(
+            429,
+            QUOTA_EXCEEDED,
+            "Request cannot be satisfied as assigned quota has been exceeded",
+            detail=f"the request costs {cost}, more than the policy's burst allows",
+            extra={"violated-policies": [plan.name]},
+        )
+        await self._refuse(scope, send, problem, [], 1013)
 
     @staticmethod
     async def _refuse(

@@ -215,6 +215,33 @@ async def test_cost_function() -> None:
     assert (await call(app, http_scope())).header("ratelimit") == '"default";r=5;t=1'
 
 
+@pytest.mark.parametrize("shadow", [False, True])
+async def test_a_request_costing_more_than_the_burst_is_refused_not_an_error(
+    shadow: bool,
+) -> None:
+    """A cost function returning more than the burst (say, from a query parameter) gets
+    that request a 429 without Retry-After (waiting never helps), never a server error;
+    in shadow mode it is counted and let through. Cheaper requests are unaffected."""
+    app = RateLimitMiddleware(
+        ok_app,
+        limiter=RateLimiter("10/s", clock=FakeClock()),
+        cost=lambda scope: int(scope["query_string"] or b"1"),
+        shadow=shadow,
+    )
+    costly = await call(app, http_scope(query="11"))
+    if shadow:
+        assert costly.status == 200
+        assert app.statistics()["shadow_rejected"] == 1
+    else:
+        assert costly.status == 429
+        assert costly.header("retry-after") is None
+        problem = json.loads(costly.body)
+        assert problem["type"].endswith("quota-exceeded")
+        assert "costs 11" in problem["detail"]
+        assert app.statistics()["rejected"] == 1
+    assert (await call(app, http_scope(query="10"))).status == 200
+
+
 async def test_configuration_errors() -> None:
     """Missing limiter, unknown rule options and bad costs fail at construction."""
     with pytest.raises(ConfigurationError, match="limiter"):
