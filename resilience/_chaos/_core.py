@@ -121,14 +121,23 @@ class FaultCore:
             subject = self._key(*args, **kwargs)
         with self._lock:
             self.calls += 1
-            draws = [(c, c.rate_rng.random()) for c in self._compiled]
+            # Every draw on every call, used or not (a closed window, an earlier fault
+            # ending the plan): the n-th call gets the same values whatever the timing.
+            draws = [
+                (
+                    c,
+                    c.rate_rng.random(),
+                    c.fault.draw(c.value_rng) if isinstance(c.fault, Latency) else 0.0,
+                )
+                for c in self._compiled
+            ]
         allowed = (self._schedule is None or _in_windows(self._schedule, elapsed)) and (
             self._when is None or self._predicate(self._when, subject, args, kwargs)
         )
         if not allowed:
             return None
         plan: Plan | None = None
-        for compiled, draw in draws:
+        for compiled, draw, delay in draws:
             if draw >= compiled.rate:
                 continue
             if compiled.windows is not None and not _in_windows(compiled.windows, elapsed):
@@ -143,8 +152,6 @@ class FaultCore:
             if plan is None:
                 plan = Plan()
             if isinstance(fault, Latency):
-                with self._lock:
-                    delay = fault.draw(compiled.value_rng)
                 plan.delay += delay
                 plan.fired.append((fault, delay))
                 continue

@@ -191,6 +191,47 @@ def test_draws_do_not_depend_on_schedules() -> None:
         assert outcomes(gated, 50) == outcomes(always, 50)
 
 
+def latencies(faults: Faults, clock: FakeClock, calls: int) -> list[float]:
+    """The delay each of ``calls`` calls got (0.0 when none fired)."""
+    delays = []
+    for _ in range(calls):
+        before = clock.monotonic()
+        try:
+            faults.call(lambda: None)
+        except rs.InjectedFault:
+            pass
+        delays.append(round(clock.monotonic() - before, 9))
+    return delays
+
+
+def test_latency_amounts_do_not_depend_on_schedules_or_earlier_faults() -> None:
+    """A latency's amount is drawn on every call too: a call outside the window, or one an
+    earlier fault ended, does not shift the delays every later call gets."""
+
+    def injector(clock: FakeClock) -> Faults:
+        return Faults(
+            chaos.Error(rate=0.3),
+            chaos.Latency(chaos.uniform(0, 1), schedule=[chaos.Window(0, 10, every=100)]),
+            seed=1,
+            clock=clock,
+        )
+
+    with chaos.enabled():
+        clock = FakeClock()
+        straight = latencies(injector(clock), clock, 8)  # all inside the first window
+        clock = FakeClock()
+        detour = injector(clock)
+        first = latencies(detour, clock, 2)
+        clock.advance(50 - clock.monotonic())
+        third = latencies(detour, clock, 1)  # the window is closed for this one
+        clock.advance(100 - clock.monotonic())
+        rest = latencies(detour, clock, 5)  # open again
+    assert third == [0.0]
+    assert 0.0 in straight  # the error fault ended some calls
+    assert any(d > 0.0 for d in straight[3:])
+    assert first + rest == straight[:2] + straight[3:]
+
+
 def test_reset_replays_from_the_start(fake_clock: FakeClock) -> None:
     """reset() restarts the RNG and the schedule: the same faults come again."""
     faults = Faults(error_rate=0.5, seed=5, clock=fake_clock)
