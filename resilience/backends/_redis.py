@@ -306,19 +306,25 @@ class RedisBackend:
             "socket_timeout": None if asynchronous else self.timeout,
             "socket_connect_timeout": self.timeout,
         }
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+
+        # No retries: redis-py's defaults (a cluster's above all: each retry waits out
+        # the timeout again and re-reads the slot map) would multiply the time a dead
+        # or paused node adds to a call; the failure modes take over after one timeout.
         if self.cluster:
             if asynchronous:
                 from redis.asyncio.cluster import RedisCluster as AsyncCluster
+                from redis.asyncio.retry import Retry as AsyncRetry
 
+                options["retry"] = AsyncRetry(NoBackoff(), 0)
                 options.update(self._client_options)
                 return AsyncCluster.from_url(self._url, **options)
             from redis.cluster import RedisCluster
 
+            options["retry"] = Retry(NoBackoff(), 0)
             options.update(self._client_options)
             return RedisCluster.from_url(self._url, **options)
-        from redis.backoff import NoBackoff
-        from redis.retry import Retry
-
         options["retry"] = Retry(NoBackoff(), 0)
         options.update(self._client_options)
         if asynchronous:
@@ -699,8 +705,15 @@ class _Lane:
 
     async def _connected_evalsha(self, conn: Any, script: RedisScript, call: PreparedCall) -> Any:
         if not conn.is_connected:
-            async with asyncio.timeout(self._connect_budget):
-                await conn.connect()
+            # Each handshake read is bounded by the timeout, as the sync client's socket
+            # timeouts bound it: a paused Redis (its kernel still accepts connections)
+            # fails after one timeout, not after the whole handshake budget.
+            conn.socket_timeout = self._timeout
+            try:
+                async with asyncio.timeout(self._connect_budget):
+                    await conn.connect()
+            finally:
+                conn.socket_timeout = None
         async with asyncio.timeout(self._timeout):
             return await self._evalsha(conn, script, call)
 

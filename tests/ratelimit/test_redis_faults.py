@@ -154,6 +154,34 @@ async def test_paused_redis_never_hangs_async_callers(redis_server: RedisServer)
 
 
 @pytest.mark.anyio
+async def test_each_async_probe_of_a_paused_redis_costs_one_timeout(
+    redis_server: RedisServer,
+) -> None:
+    """After the first timeout the connection is dropped, so every later probe of a
+    paused Redis opens a new one (its kernel still accepts it). The handshake's reads are
+    bounded by the timeout like any other read, so such a probe costs about the timeout
+    too; it used to wait out the handshake's whole budget (twice the timeout)."""
+    clock = FakeClock()
+    limiter = _limiter(redis_server, "local", clock)
+    assert (await limiter.try_acquire_async("k")).allowed
+    redis_server.pause()
+    probes = []
+    try:
+        for _ in range(5):
+            started = time.perf_counter()
+            assert (await limiter.try_acquire_async("k")).allowed
+            probes.append(time.perf_counter() - started)
+            clock.advance(1.0)  # the next call is a probe again
+    finally:
+        redis_server.resume()
+    assert limiter.statistics().backend_errors == 5
+    # the first probe used the old connection; the others had to connect (the best case
+    # shows the mechanism, the worst only has to show no hang on a loaded machine)
+    assert min(probes[1:]) <= LATENCY_BOUND
+    assert max(probes) <= LATENCY_BOUND + 0.2
+
+
+@pytest.mark.anyio
 async def test_closed_mode_async_raises_backend_error(redis_server: RedisServer) -> None:
     """In "closed" mode the async path raises BackendError (cause attached), nothing else."""
     limiter = _limiter(redis_server, "closed", FakeClock())
