@@ -43,6 +43,9 @@ _SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ012345678
 #: host): a run is then bounded by ``timeout`` for the handshake plus this, and
 #: ``timeout`` for the command, which is ``RedisBackend.round_trip_bound``.
 _HANDSHAKE_ALLOWANCE = 0.05
+#: Seconds a new async cluster client may take to read the slot map and command table
+#: (in the background; decisions meanwhile go through the sync client).
+_CLUSTER_INIT_BUDGET = 5.0
 
 
 def require_redis() -> Any:
@@ -257,6 +260,10 @@ class RedisBackend:
         self._noscript: type[BaseException] = redis.exceptions.NoScriptError
         self._response_error: type[BaseException] = redis.ResponseError
         self._lanes: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+        # Async cluster clients being initialised in the background (see _run_async).
+        self._initializing: weakref.WeakKeyDictionary[Any, asyncio.Task[None]] = (
+            weakref.WeakKeyDictionary()
+        )
         # (loop, lane) of the last async run: one identity check on the hot path. It keeps
         # at most one finished loop (and its client) alive until another loop runs a script.
         self._last_lane: tuple[Any, Any] = (None, None)
@@ -487,6 +494,15 @@ class RedisBackend:
                 return await self._run_in_thread(script, call)
             if isinstance(lane, _Lane):
                 return await lane.run(script, call)  # bounds its own steps
+            if getattr(lane, "_initialize", False) is True:
+                # A new cluster client (one per event loop) first reads the slot map and
+                # the command table, which can take longer than a decision may: it does
+                # so in the background while the sync client (set up already) decides.
+                if self._sync_client is not None:
+                    self._initialize_in_background(lane)
+                    return await self._run_in_thread(script, call)
+                async with asyncio.timeout(self.timeout + _HANDSHAKE_ALLOWANCE):
+                    await lane.initialize()
             async with asyncio.timeout(self.timeout):
                 try:
                     return await lane.evalsha(script.sha, len(call.keys), *call.keys, *call.args)
@@ -511,6 +527,21 @@ class RedisBackend:
         lane = client if lane is _NO_LANE else lane
         self._last_lane = (loop, lane)
         return lane
+
+    def _initialize_in_background(self, client: Any) -> None:
+        """Start initialising an async cluster client, unless that is under way."""
+        task = self._initializing.get(client)
+        if task is None or task.done():
+            self._initializing[client] = asyncio.get_running_loop().create_task(
+                self._initialize(client)
+            )
+
+    async def _initialize(self, client: Any) -> None:
+        try:
+            async with asyncio.timeout(_CLUSTER_INIT_BUDGET):
+                await client.initialize()
+        except Exception:  # a node down or paused: the next decision starts over
+            pass
 
     async def _run_in_thread(self, script: RedisScript, call: PreparedCall) -> Any:
         import anyio

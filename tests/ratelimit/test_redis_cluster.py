@@ -158,3 +158,25 @@ def test_a_paused_master_costs_a_call_one_timeout(cluster: list[RedisServer]) ->
     # the best case shows the mechanism; the worst only has to show no hang
     assert min(probes) <= timeout + 0.02
     assert max(probes) <= timeout + 0.25
+
+
+def test_the_first_async_decisions_on_a_new_loop_reach_the_cluster(
+    cluster: list[RedisServer],
+) -> None:
+    """A new event loop gets a new async cluster client, which must first read the slot
+    map and command table (tens of milliseconds, more on a busy host). That happens in
+    the background while the sync client decides: no decision falls back to the local
+    twin for it, even at a 50 ms timeout (they used to, on a busy host)."""
+    import asyncio
+
+    backend = RedisBackend.from_url(
+        cluster[0].url, cluster=True, prefix=f"i{time.monotonic_ns()}", timeout=0.05
+    )
+    limiter = rs.RateLimiter("3/min", backend=backend)
+
+    async def two_decisions() -> list[bool]:
+        return [(await limiter.try_acquire_async("k")).allowed for _ in range(2)]
+
+    outcomes = [allowed for _ in range(3) for allowed in asyncio.run(two_decisions())]
+    assert outcomes == [True, True, True, False, False, False]  # one shared bucket
+    assert limiter.statistics().backend_errors == 0
