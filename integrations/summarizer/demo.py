@@ -59,6 +59,7 @@ class DemoOptions:
     live: bool = True
     #: Jobs submitted per second; None: 32 for ``--quick``, 40 for the full run.
     rate: float | None = None
+    #: Seconds to wait for unfinished jobs after the load; None: the users' patience.
     drain: float | None = None
     #: ServiceConfig fields to override (tests use it to lower limits).
     overrides: dict[str, Any] = field(default_factory=dict)
@@ -259,7 +260,11 @@ def run_once(
             workers.append(ChildProcess(["serve"], env={ENV: cfg.to_json()}))
         ChildProcess.start_all(workers)
         recorder = Recorder()
-        drain = options.drain if options.drain is not None else (12.0 if options.quick else 40.0)
+        patience = 30.0 if options.quick else 60.0
+        # By default the run waits for every user until their patience runs out (each
+        # user gives up by then): a job counts as failed because a user gave up, never
+        # because the demo stopped watching a job that was still on its way.
+        drain = options.drain if options.drain is not None else patience
         driver = LoadDriver(
             service_ports=[int(w.info["port"]) for w in workers],
             platforms_port=platforms_port,
@@ -267,7 +272,7 @@ def run_once(
             recorder=recorder,
             rate=options.jobs_per_second(),
             seed=options.seed,
-            patience=30.0 if options.quick else 60.0,
+            patience=patience,
             redis_control=redis,
         )
         asyncio.run(_drive(driver, phases, drain, mode, options, console))
