@@ -6,7 +6,7 @@ import math
 import threading
 from dataclasses import dataclass
 
-from ._clock import SYSTEM_CLOCK, Clock
+from ._clock import Clock
 from ._validate import check_clock, check_number
 
 __all__ = ["RetryBudget", "RetryBudgetStatistics"]
@@ -64,11 +64,11 @@ class RetryBudget:
         min_per_second: float = 10.0,
         window: float = 10.0,
         *,
-        clock: Clock = SYSTEM_CLOCK,
+        clock: Clock | None = None,
     ) -> None:
-        self.ratio = check_number("ratio", ratio)
-        self.min_per_second = check_number("min_per_second", min_per_second)
-        self.window = check_number("window", window, minimum=1.0)
+        self.ratio: float = check_number("ratio", ratio)
+        self.min_per_second: float = check_number("min_per_second", min_per_second)
+        self.window: float = check_number("window", window, minimum=1.0)
         self._clock = check_clock("clock", clock)
         # bucket index (whole seconds) -> [calls, retries]
         self._buckets: dict[int, list[int]] = {}

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 
-from ._clock import SYSTEM_CLOCK, Clock
+from ._clock import Clock
 
 __all__ = ["Deadline", "current_deadline", "deadline", "time_remaining"]
 
@@ -102,7 +102,7 @@ def pop(token: object) -> None:
 
 
 @contextmanager
-def deadline(seconds: float, *, clock: Clock = SYSTEM_CLOCK) -> Iterator[Deadline]:
+def deadline(seconds: float, *, clock: Clock | None = None) -> Iterator[Deadline]:
     """Give the enclosed code at most ``seconds``: inner policies clamp their waits to it.
 
     The deadline is cooperative: it does not cancel anything by itself. Inner
@@ -114,8 +114,9 @@ def deadline(seconds: float, *, clock: Clock = SYSTEM_CLOCK) -> Iterator[Deadlin
         with rs.deadline(1.5):
             fetch_with_retries()   # its retries stop before 1.5 s are spent
     """
-    from ._validate import check_number
+    from ._validate import check_clock, check_number
 
+    clock = check_clock("clock", clock)
     # NaN would compare false everywhere: a deadline that never clamps nor expires.
     seconds = check_number("seconds", seconds, allow_inf=True)
     entered, token = push(seconds, clock)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import inspect
 import warnings
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, ParamSpec, Protocol, TypeVar, cast, runtime_checkable
 
@@ -287,7 +287,7 @@ class Pipeline(PolicyBase):
             snapshots.append(statistics() if callable(statistics) else None)
         return PipelineStatistics(tuple(snapshots))
 
-    def __iter__(self) -> Any:
+    def __iter__(self) -> Iterator[Policy]:
         return iter(self.policies)
 
     def __len__(self) -> int:

@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 from . import _deadline
 from ._budget import RetryBudget
-from ._clock import SYSTEM_CLOCK, Clock
+from ._clock import Clock
 from ._events import RetriesExhausted, RetryBudgetExhausted, RetryScheduled
 from ._matching import ExceptionMatcher
 from ._policy import PolicyBase
@@ -89,7 +89,7 @@ class Retry(PolicyBase):
         backoff: Iterable[float] | None = None,
         budget: RetryBudget | None = None,
         respect_retry_after: bool = True,
-        clock: Clock = SYSTEM_CLOCK,
+        clock: Clock | None = None,
         name: str | None = None,
     ) -> None:
         super().__init__(name=name)

@@ -92,14 +92,14 @@ class Timeout(PolicyBase, ResilienceError, TimeoutError):
         self,
         seconds: float,
         *,
-        clock: Clock = SYSTEM_CLOCK,
+        clock: Clock | None = None,
         name: str | None = None,
     ) -> None:
         PolicyBase.__init__(self, name=name)
         self.seconds: float = _validate.check_number("seconds", seconds, strict=True)
         self._clock = _validate.check_clock("clock", clock)
         self._timed_out = 0
-        self._fake_timers = hasattr(clock, "call_at") and clock is not SYSTEM_CLOCK
+        self._fake_timers = hasattr(self._clock, "call_at") and self._clock is not SYSTEM_CLOCK
         ResilienceError.__init__(self, f"timed out after {self.seconds:g}s")
 
     # -- the error --------------------------------------------------------------------
@@ -284,7 +284,7 @@ class Timeout(PolicyBase, ResilienceError, TimeoutError):
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
-    ) -> bool:
+    ) -> None:
         state = _ENTERED.get()
         assert state is not None, "Timeout.__aexit__ without __aenter__"
         scope, handle, token, seconds, own = state
@@ -292,10 +292,11 @@ class Timeout(PolicyBase, ResilienceError, TimeoutError):
         _deadline.pop(token)
         if handle is not None:
             handle.cancel()
-        suppressed = scope.__exit__(exc_type, exc, tb)
+        # The scope swallows only the cancellation it caused itself, which becomes
+        # rs.Timeout here: nothing the block raised is ever suppressed.
+        scope.__exit__(exc_type, exc, tb)
         if scope.cancelled_caught:
             raise self._error(seconds)
-        return bool(suppressed)
 
     def statistics(self) -> TimeoutStatistics:
         """How many calls this policy timed out.

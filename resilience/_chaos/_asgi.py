@@ -7,7 +7,7 @@ import threading
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
 
-from .._clock import SYSTEM_CLOCK, Clock
+from .._clock import Clock
 from .._validate import check_callable, check_clock, check_int, check_number
 from ..errors import ConfigurationError
 from ._core import FaultCore, Plan, new_seed
@@ -88,7 +88,7 @@ class FaultMiddleware(Observable):
         max_header_delay: float = 60.0,
         enabled: bool | None = None,
         seed: int | None = None,
-        clock: Clock = SYSTEM_CLOCK,
+        clock: Clock | None = None,
         name: str | None = None,
     ) -> None:
         Observable.__init__(self, name)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from .._clock import SYSTEM_CLOCK, Clock
+from .._clock import Clock
 from .._deferred import armed
 from .._policy import PolicyBase
 from .._validate import check_clock, check_int, check_number, check_probability
@@ -125,7 +125,7 @@ class Faults(PolicyBase):
         when: Callable[..., bool] | None = None,
         seed: int | None = None,
         enabled: bool | None = None,
-        clock: Clock = SYSTEM_CLOCK,
+        clock: Clock | None = None,
         name: str | None = None,
     ) -> None:
         super().__init__(name=name)

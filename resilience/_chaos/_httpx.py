@@ -6,7 +6,7 @@ import fnmatch
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from typing import Any
 
-from .._clock import SYSTEM_CLOCK, Clock
+from .._clock import Clock
 from .._http._hosts import split_port
 from .._validate import check_clock, check_int
 from ..errors import ConfigurationError
@@ -232,7 +232,7 @@ class FaultyTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observable)
         hosts: Mapping[str, Fault | Iterable[Fault]] | None = None,
         seed: int | None = None,
         enabled: bool | None = None,
-        clock: Clock = SYSTEM_CLOCK,
+        clock: Clock | None = None,
         name: str | None = None,
     ) -> None:
         Observable.__init__(self, name)

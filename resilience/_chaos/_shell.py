@@ -12,6 +12,7 @@ from .._deadline import clamp
 from .._events import Event, Observable
 from ..errors import ConfigurationError
 from ._core import FaultCore, Plan
+from ._specs import Fault
 from ._switch import chaos_active
 
 __all__ = [
@@ -42,7 +43,7 @@ class FaultInjected(Event):
 
     kind: str
     delay: float = 0.0
-    fault: Any = None
+    fault: Fault | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from .._validate import check_choice
 from ..errors import ConfigurationError
@@ -36,8 +36,11 @@ Header = tuple[bytes, bytes]
 
 _FIELD_CACHE = 1024
 
+#: The rate-limit fields a response carries (``RateLimitMiddleware(headers=...)``).
+HeaderMode = Literal["ietf", "legacy", "both", "none"]
+
 #: Accepted values of ``headers=``.
-HEADER_MODES = ("ietf", "legacy", "both", "none")
+HEADER_MODES: tuple[HeaderMode, ...] = ("ietf", "legacy", "both", "none")
 
 
 def sf_string(value: str) -> str:

@@ -13,7 +13,7 @@ from ..errors import BackendError, ConfigurationError
 from ..ratelimit import RateLimiter
 from ._base import Observed
 from ._events import RequestAdmitted, ShadowRejected
-from ._headers import HEADER_MODES, RateLimitHeaders, retry_after_value
+from ._headers import HEADER_MODES, HeaderMode, RateLimitHeaders, retry_after_value
 from ._keys import _DIGESTS, KeyFunction, _as_key, cached_digest, client_ip
 from ._problem import QUOTA_EXCEEDED, REDUCED_CAPACITY, Problem
 from ._rules import UNSET, Matcher, Rule, path_predicate
@@ -192,7 +192,7 @@ class RateLimitMiddleware(Observed):
         limiter: Any = None,
         key: KeyFunction | None = None,
         cost: int | Callable[[Scope], int] = 1,
-        headers: str | None = "ietf",
+        headers: HeaderMode | None = "ietf",
         policy_name: str | None = None,
         exempt: Sequence[str | Pattern[str]] = (),
         exempt_when: Callable[[Scope], bool] | None = None,

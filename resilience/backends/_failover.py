@@ -48,10 +48,13 @@ if TYPE_CHECKING:
 
 __all__ = ["MODES", "Failover", "FailureMode"]
 
+#: What a policy does while its Redis backend fails (``on_backend_error=``): decide with
+#: a local twin, admit everything, or refuse with ``BackendError``.
+#: Example: ``rs.RateLimiter("100/s", backend=redis, on_backend_error="local")``
 FailureMode = Literal["local", "open", "closed"]
 
 #: The accepted values of every policy's ``on_backend_error``.
-MODES: Final[tuple[str, ...]] = ("local", "open", "closed")
+MODES: Final[tuple[FailureMode, ...]] = ("local", "open", "closed")
 
 
 class Failover:

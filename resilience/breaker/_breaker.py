@@ -23,6 +23,8 @@ from ._events import BreakerStateChanged, OutcomeRecorded
 from ._state import CircuitState
 
 if TYPE_CHECKING:
+    from ..backends._memory import MemoryBackend
+    from ..backends._redis import RedisBackend
     from ._shared import SharedState
 
 __all__ = ["CircuitBreaker", "Permit"]
@@ -227,7 +229,7 @@ class CircuitBreaker(PolicyBase):
         key: Callable[..., Hashable] | None = None,
         max_keys: int = 10_000,
         idle_ttl: float | None = 600.0,
-        backend: Any = None,
+        backend: MemoryBackend | RedisBackend | None = None,
         quorum: int = 1,
         sync_interval: float = 1.0,
         fallback: Any = None,

@@ -25,6 +25,9 @@ from ._slots import GRANTED, Slots, Waiter
 from ._waiters import ThreadWaiter, async_waiter
 
 if TYPE_CHECKING:
+    from ..backends._failover import FailureMode
+    from ..backends._memory import MemoryBackend
+    from ..backends._redis import RedisBackend
     from ._distributed import Distributed
 
 __all__ = ["Bulkhead", "BulkheadStatistics"]
@@ -141,10 +144,10 @@ class Bulkhead(PolicyBase):
         *,
         key: Callable[..., Hashable] | None = None,
         max_wait: float = 0.0,
-        backend: Any = None,
+        backend: MemoryBackend | RedisBackend | None = None,
         lease: float = 30.0,
         priority: int | Callable[..., int] | None = None,
-        on_backend_error: str = "local",
+        on_backend_error: FailureMode = "local",
         local_limit: int | None = None,
         on_lease_lost: str = "raise",
         clock: Clock | None = None,

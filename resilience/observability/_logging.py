@@ -15,7 +15,7 @@ import dataclasses
 import logging
 from collections.abc import Mapping
 
-from .._clock import SYSTEM_CLOCK, Clock
+from .._clock import Clock
 from .._events import (
     BackendFallback,
     BackendRecovered,
@@ -93,12 +93,12 @@ class LoggingListener:
         levels: Mapping[type[Event], int] = DEFAULT_LEVELS,
         default_level: int = logging.INFO,
         repeat_interval: float | None = 10.0,
-        clock: Clock = SYSTEM_CLOCK,
+        clock: Clock | None = None,
     ) -> None:
         self.logger = logging.getLogger("resilience.events") if logger is None else logger
         self._levels = tuple(levels.items())
         self._default = default_level
-        self.repeat_interval = (
+        self.repeat_interval: float | None = (
             None
             if repeat_interval is None
             else check_number("repeat_interval", repeat_interval, minimum=0)

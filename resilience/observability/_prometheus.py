@@ -5,11 +5,14 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._events import Event, add_listener, remove_listener
 from ..errors import ConfigurationError
 from ._require import require
+
+if TYPE_CHECKING:
+    from ..asgi import ASGIApp
 from ._series import (
     CALL_DURATION,
     DEFAULT_BUCKETS,
@@ -100,7 +103,7 @@ class PrometheusMetrics:
         """Stop listening (the metrics keep their values)."""
         remove_listener(self)
 
-    def asgi_app(self) -> Any:
+    def asgi_app(self) -> ASGIApp:
         """An ASGI app serving this registry in the Prometheus text format (``/metrics``).
 
         An object rather than a function, so that a router takes it for an ASGI app:

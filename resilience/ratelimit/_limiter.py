@@ -13,19 +13,22 @@ import inspect
 import math
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
-from typing import Any, Final, ParamSpec, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Final, ParamSpec, TypeVar, cast
 
 from .._clock import Clock
 from .._deadline import clamp
 from .._events import GLOBAL_LISTENERS, CallRejected
 from .._policy import PolicyBase, decorate, is_generator_function
 from .._validate import check_callable, check_choice, check_clock, check_int, check_number
-from ..backends._failover import MODES, Failover
+from ..backends._failover import MODES, Failover, FailureMode
 from ..backends._memory import MemoryBackend
 from ..errors import ConfigurationError, RateLimited
 from ._failover import FailoverBuckets
 from ._gcra import GCRA, Decision
 from ._rate import Rate, as_rate
+
+if TYPE_CHECKING:
+    from ..backends._redis import RedisBackend
 
 __all__ = ["ALGORITHMS", "RateLimiter", "RateLimiterStatistics"]
 
@@ -146,8 +149,8 @@ class RateLimiter(PolicyBase):
         *,
         burst: int | None = None,
         key: Hashable | Callable[..., Hashable] | None = None,
-        backend: Any = None,
-        on_backend_error: str = "local",
+        backend: MemoryBackend | RedisBackend | None = None,
+        on_backend_error: FailureMode = "local",
         max_wait: float = 0.0,
         algorithm: str = "token-bucket",
         local_rate: Rate | str | None = None,

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import zlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..chaos import Fault, Faults
 from ._fault_proxy import FaultProxy
+
+if TYPE_CHECKING:
+    from ..chaos import FaultyTransport
 
 __all__ = ["FaultProxyFactory", "FaultsFixture", "seed_for"]
 
@@ -70,7 +73,7 @@ class FaultsFixture:
         self.built.append(injector)
         return injector
 
-    def transport(self, inner: Any = None, **kwargs: Any) -> Any:
+    def transport(self, inner: Any = None, **kwargs: Any) -> FaultyTransport:
         """A :class:`resilience.chaos.FaultyTransport` seeded from the test's seed."""
         from ..chaos import FaultyTransport
 

@@ -31,7 +31,7 @@ except ImportError as exc:  # pragma: no cover - exercised without hypothesis
         "resilience.testing.strategies needs hypothesis: pip install hypothesis"
     ) from exc
 
-from .._clock import SYSTEM_CLOCK, Clock
+from .._clock import Clock
 from ..chaos import (
     ConnectFailure,
     Error,
@@ -210,7 +210,7 @@ def _with_schedule(fault: Fault, schedule: tuple[Window, ...] | None) -> Fault:
 
 def faults(
     *,
-    clock: Clock = SYSTEM_CLOCK,
+    clock: Clock | None = None,
     kinds: Sequence[str] = ("latency", "error", "result", "hang"),
     max_faults: int = 3,
     max_latency: float = 1.0,

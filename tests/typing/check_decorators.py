@@ -65,3 +65,31 @@ async def use() -> None:
 def misuse() -> None:
     fetch(1)  # type: ignore[arg-type]
     fetch("u", unknown=1)  # type: ignore[call-arg]
+
+
+async def timeout_block_returns() -> int:
+    # __aexit__ returns None: the checker knows the block's exceptions are never
+    # swallowed, so a return inside it ends the function (no "missing return").
+    async with rs.Timeout(1.0):
+        return 1
+
+
+async def timeout_block_binds() -> str:
+    async with rs.Timeout(1.0):
+        value = "bound"
+    return value
+
+
+def build_with(clock: rs.Clock | None = None) -> list[object]:
+    """Every policy takes ``clock=None`` (the system clock), so one optional clock
+    parameter can be passed through to all of them."""
+    return [
+        rs.Retry(on=OSError, clock=clock),
+        rs.Timeout(1.0, clock=clock),
+        rs.RetryBudget(clock=clock),
+        rs.RateLimiter("1/s", clock=clock),
+        rs.Bulkhead(1, clock=clock),
+        rs.CircuitBreaker(clock=clock),
+        rs.Fallback(None, clock=clock),
+        rs.Faults(error_rate=0.1, clock=clock),
+    ]
