@@ -42,6 +42,11 @@ _MAX_INT = 2**63 - 1
 
 # ``with bulkhead:`` on a distributed bulkhead keeps its permits here, per task/thread.
 _HELD: ContextVar[tuple[Permit, ...]] = ContextVar("resilience_bulkhead_held", default=())
+# Hold-time samples of ``with bulkhead:`` blocks (bulkhead, start), innermost last: the
+# block's exit finds its own start here (only while sampling, after contention).
+_SAMPLED: ContextVar[tuple[tuple[Bulkhead, float], ...]] = ContextVar(
+    "resilience_bulkhead_sampled", default=()
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +135,7 @@ class Bulkhead(PolicyBase):
         "_priority",
         "_queues",
         "_remote",
+        "_samples_out",
         "_slots",
         "_timers",
         "max_concurrent",
@@ -174,6 +180,7 @@ class Bulkhead(PolicyBase):
         # Clocks with timers (FakeClock) expire waiters in virtual time.
         self._timers = hasattr(self._clock, "call_at") and self._clock is not SYSTEM_CLOCK
         self._slots = Slots(self.max_concurrent)
+        self._samples_out = 0  # _SAMPLED entries of this bulkhead not yet exited
         self._lock = self._slots.lock
         self._in_use = self._slots.in_use
         self._queues = self._slots.queues
@@ -375,17 +382,37 @@ class Bulkhead(PolicyBase):
             finally:
                 self._lock.release()
             if free:
+                if n + 1 == self._limit and self._slots.sampling:
+                    self._push_sample()
                 if self._listeners or GLOBAL_LISTENERS:
                     self._report_held(None, 0.0, self._exit_local)
                 return self
             started = self._now()
             self._wait(None, self._default_priority, self.max_wait)
+            if self._slots.sampling:
+                self._push_sample()
             if self._listeners or GLOBAL_LISTENERS:
                 self._report_held(None, self._now() - started, self._exit_local)
             return self
         permit = self.acquire(None)
         _HELD.set((*_HELD.get(), permit))
         return self
+
+    def _push_sample(self) -> None:
+        """Start a hold-time sample for the ``with`` block just entered."""
+        _SAMPLED.set((*_SAMPLED.get(), (self, self._now())))
+        with self._lock:
+            self._samples_out += 1
+
+    def _pop_sample(self) -> float | None:
+        """The start of the exiting ``with`` block's sample, if it has one."""
+        sampled = _SAMPLED.get()
+        if not sampled or sampled[-1][0] is not self:
+            return None
+        _SAMPLED.set(sampled[:-1])
+        with self._lock:
+            self._samples_out -= 1
+        return sampled[-1][1]
 
     def _report_held(self, key: Hashable, waited: float, give_back: Callable[[], Any]) -> None:
         """Report an admission whose slot is already held: if a listener raises past
@@ -406,6 +433,8 @@ class Bulkhead(PolicyBase):
         tb: TracebackType | None,
     ) -> None:
         if self._remote is None:
+            t0 = self._pop_sample() if self._samples_out else None
+            released = False
             self._lock.acquire()
             try:
                 if not self._queues:
@@ -417,10 +446,15 @@ class Bulkhead(PolicyBase):
                         del in_use[None]
                         if not in_use:
                             in_use.clear()
-                    return
+                    if t0 is None:
+                        return
+                    released = True
             finally:
                 self._lock.release()
-            self._give_back(None, None)
+            if not released:
+                self._give_back(None, t0)
+            elif t0 is not None:  # released above: only the sample is left to record
+                self._slots.record_hold(self._now() - t0)
             return
         self._pop_held().__exit__(exc_type, exc, tb)
 
@@ -435,11 +469,15 @@ class Bulkhead(PolicyBase):
             finally:
                 self._lock.release()
             if free:
+                if n + 1 == self._limit and self._slots.sampling:
+                    self._push_sample()
                 if self._listeners or GLOBAL_LISTENERS:
                     self._report_held(None, 0.0, self._exit_local)
                 return self
             started = self._now()
             await self._wait_async(None, self._default_priority, self.max_wait)
+            if self._slots.sampling:
+                self._push_sample()
             if self._listeners or GLOBAL_LISTENERS:
                 self._report_held(None, self._now() - started, self._exit_local)
             return self
@@ -454,6 +492,8 @@ class Bulkhead(PolicyBase):
         tb: TracebackType | None,
     ) -> None:
         if self._remote is None:
+            t0 = self._pop_sample() if self._samples_out else None
+            released = False
             self._lock.acquire()
             try:
                 if not self._queues:
@@ -465,10 +505,15 @@ class Bulkhead(PolicyBase):
                         del in_use[None]
                         if not in_use:
                             in_use.clear()
-                    return
+                    if t0 is None:
+                        return
+                    released = True
             finally:
                 self._lock.release()
-            self._give_back(None, None)
+            if not released:
+                self._give_back(None, t0)
+            elif t0 is not None:  # released above: only the sample is left to record
+                self._slots.record_hold(self._now() - t0)
             return
         await self._pop_held().__aexit__(exc_type, exc, tb)
 

@@ -226,6 +226,46 @@ def test_retry_after_estimates_from_observed_hold_times(fake_clock: FakeClock) -
     b.release()
 
 
+def test_with_blocks_feed_the_retry_after_estimate(fake_clock: FakeClock) -> None:
+    """``with bulkhead:`` blocks that fill the last slot are timed too (they used to be
+    skipped, so a bulkhead used only that way never gave an estimate)."""
+    bulkhead = rs.Bulkhead(2, clock=fake_clock)
+    held = bulkhead.acquire_nowait()
+    with bulkhead, pytest.raises(rs.BulkheadFull) as first, bulkhead:
+        pass
+    assert first.value.retry_after is None  # nothing observed yet
+    for _ in range(20):
+        with bulkhead:  # fills the last slot: timed (4 s each)
+            fake_clock.advance(4.0)
+    with bulkhead, pytest.raises(rs.BulkheadFull) as second, bulkhead:
+        pass
+    assert second.value.retry_after == pytest.approx(2.0, rel=0.25)  # hold / max_concurrent
+    held.release()
+    assert bulkhead.statistics().in_flight == 0
+
+
+@pytest.mark.anyio
+async def test_async_with_blocks_feed_the_retry_after_estimate() -> None:
+    """The same for ``async with bulkhead:``, with the sample kept per task."""
+    clock = FakeClock()
+    bulkhead = rs.Bulkhead(2, clock=clock)
+    held = bulkhead.acquire_nowait()
+    async with bulkhead:
+        with pytest.raises(rs.BulkheadFull):
+            async with bulkhead:
+                pass
+    for _ in range(20):
+        async with bulkhead:
+            clock.advance(4.0)
+    async with bulkhead:
+        with pytest.raises(rs.BulkheadFull) as refused:
+            async with bulkhead:
+                pass
+    assert refused.value.retry_after == pytest.approx(2.0, rel=0.25)
+    held.release()
+    assert bulkhead.statistics().in_flight == 0
+
+
 # ---------------------------------------------------------------------- waiting (threads)
 
 
