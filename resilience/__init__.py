@@ -9,7 +9,11 @@ Example::
 
     import resilience as rs
 
-    @rs.Pipeline(rs.Fallback(b""), rs.Retry(on=OSError, attempts=3, deadline=2.0), rs.Timeout(0.5))
+    @rs.Pipeline(
+        rs.Fallback(b"", on=(rs.Rejected, rs.Timeout, OSError)),
+        rs.Retry(on=OSError, attempts=3, deadline=2.0),
+        rs.Timeout(0.5),
+    )
     async def fetch(url: str) -> bytes: ...
 """
 

@@ -347,7 +347,11 @@ class CircuitBreaker(PolicyBase):
     def _core_of(self, key: Hashable) -> BreakerCore:
         if self._cores is None:
             if key is not None:
-                raise TypeError(f"{self!r} is not keyed: call it without key=")
+                raise TypeError(
+                    f"{self!r} is not keyed, but got the key {key!r} (the first positional "
+                    "argument of open(), state_of(), statistics(), ...; a duration is "
+                    "open(seconds=...))"
+                )
             assert self._core is not None
             return self._core
         if key is None:

@@ -512,6 +512,12 @@ def test_reports_agree_with_calls_about_an_idle_key(fake_clock: FakeClock) -> No
     assert breaker.states() == {"a": CircuitState.CLOSED}
 
 
+def test_open_with_a_positional_number_on_an_unkeyed_breaker_says_why() -> None:
+    """``open(5)`` passes 5 as the key: the error names the key and the seconds= form."""
+    with pytest.raises(TypeError, match=r"got the key 5.*open\(seconds=\.\.\.\)"):
+        CircuitBreaker().open(5)
+
+
 def test_manual_control_of_keyed_breakers(fake_clock: FakeClock) -> None:
     """force_open() without a key covers every key, including keys seen later."""
     breaker = CircuitBreaker(key=lambda host: host, clock=fake_clock)
