@@ -5,11 +5,11 @@ from __future__ import annotations
 import inspect
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 from ._clock import Clock
 from ._events import FallbackUsed
-from ._matching import ExceptionMatcher
+from ._matching import ExceptionFilter, ExceptionMatcher
 from ._policy import PolicyBase
 from ._timeout import Timeout
 from ._validate import check_clock
@@ -18,6 +18,7 @@ from .errors import Rejected
 __all__ = ["Fallback", "FallbackStatistics"]
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +56,7 @@ class Fallback(PolicyBase):
         self,
         value_or_callable: Any,
         *,
-        on: Any = (Rejected, Timeout),
+        on: ExceptionFilter = (Rejected, Timeout),
         clock: Clock | None = None,
         name: str | None = None,
     ) -> None:
@@ -75,7 +76,7 @@ class Fallback(PolicyBase):
             return self._value
         return self._value(exc) if self._takes_error else self._value()
 
-    def call(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+    def call(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         """Run ``fn(*args, **kwargs)``; on a matching error return the fallback."""
         try:
             return fn(*args, **kwargs)
@@ -84,7 +85,9 @@ class Fallback(PolicyBase):
                 raise
             return self._degraded_sync(exc)  # type: ignore[no-any-return]
 
-    async def call_async(self, fn: Callable[..., Awaitable[T]], /, *args: Any, **kwargs: Any) -> T:
+    async def call_async(
+        self, fn: Callable[P, Awaitable[T]], /, *args: P.args, **kwargs: P.kwargs
+    ) -> T:
         """Run ``await fn(*args, **kwargs)``; on a matching error return the fallback."""
         try:
             return await fn(*args, **kwargs)

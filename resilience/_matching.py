@@ -10,9 +10,14 @@ from .errors import ConfigurationError
 
 __all__ = ["ExceptionFilter", "ExceptionMatcher", "exception_filter"]
 
-#: What ``on=`` accepts: an exception type, a tuple of them, or a predicate.
+#: What ``on=`` accepts: an exception type, a tuple (list, set) of them, or a predicate.
 ExceptionFilter = (
-    type[BaseException] | tuple[type[BaseException], ...] | Callable[[BaseException], bool]
+    type[BaseException]
+    | tuple[type[BaseException], ...]
+    | list[type[BaseException]]
+    | set[type[BaseException]]
+    | frozenset[type[BaseException]]
+    | Callable[[BaseException], bool]
 )
 
 

@@ -49,11 +49,13 @@ class Policy(Protocol):
         pipeline = rs.Pipeline(LogCalls(), rs.Retry(on=OSError))
     """
 
-    def call(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+    def call(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         """Run ``fn(*args, **kwargs)`` under this policy."""
         ...
 
-    async def call_async(self, fn: Callable[..., Awaitable[T]], /, *args: Any, **kwargs: Any) -> T:
+    async def call_async(
+        self, fn: Callable[P, Awaitable[T]], /, *args: P.args, **kwargs: P.kwargs
+    ) -> T:
         """Run ``await fn(*args, **kwargs)`` under this policy."""
         ...
 
@@ -138,11 +140,13 @@ class PolicyBase(Observable):
     def __init__(self, *, name: str | None = None) -> None:
         Observable.__init__(self, name)
 
-    def call(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+    def call(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         """Run ``fn(*args, **kwargs)`` under this policy."""
         raise NotImplementedError
 
-    async def call_async(self, fn: Callable[..., Awaitable[T]], /, *args: Any, **kwargs: Any) -> T:
+    async def call_async(
+        self, fn: Callable[P, Awaitable[T]], /, *args: P.args, **kwargs: P.kwargs
+    ) -> T:
         """Run ``await fn(*args, **kwargs)`` under this policy."""
         raise NotImplementedError
 
@@ -195,7 +199,9 @@ class Pipeline(PolicyBase):
         def lookup(key: str) -> str: ...
     """
 
-    def __init__(self, *policies: Any, clock: Clock | None = None, name: str | None = None) -> None:
+    def __init__(
+        self, *policies: Policy, clock: Clock | None = None, name: str | None = None
+    ) -> None:
         super().__init__(name=name)
         from ._validate import check_clock  # _validate imports errors, which import this
 
@@ -204,14 +210,15 @@ class Pipeline(PolicyBase):
         for policy in policies:
             if isinstance(policy, Pipeline):
                 flat.extend(policy.policies)
-            elif isinstance(policy, Policy):
-                flat.append(policy)
-            else:
+                continue
+            candidate: object = policy  # typed Policy, but checked: untyped callers exist
+            if not isinstance(candidate, Policy):
                 from .errors import ConfigurationError
 
                 raise ConfigurationError(
                     f"policies must implement call() and call_async(), got {policy!r}"
                 )
+            flat.append(policy)
         self.policies: tuple[Policy, ...] = tuple(flat)
         for message in _order_problems(self.policies):
             warnings.warn(message, PipelineOrderWarning, stacklevel=2)
@@ -246,11 +253,13 @@ class Pipeline(PolicyBase):
             fn = _layers(tuple(reversed(deferred)), fn, is_async=is_async)
         return fn
 
-    def call(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+    def call(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         """Run ``fn(*args, **kwargs)`` through every policy, outermost first."""
         return self._chain(fn, is_async=False)(*args, **kwargs)  # type: ignore[no-any-return]
 
-    async def call_async(self, fn: Callable[..., Awaitable[T]], /, *args: Any, **kwargs: Any) -> T:
+    async def call_async(
+        self, fn: Callable[P, Awaitable[T]], /, *args: P.args, **kwargs: P.kwargs
+    ) -> T:
         """Run ``await fn(*args, **kwargs)`` through every policy, outermost first."""
         return await self._chain(fn, is_async=True)(*args, **kwargs)  # type: ignore[no-any-return]
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 import math
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 from . import _deadline
 from ._budget import RetryBudget
 from ._clock import Clock
 from ._events import RetriesExhausted, RetryBudgetExhausted, RetryScheduled
-from ._matching import ExceptionMatcher
+from ._matching import ExceptionFilter, ExceptionMatcher
 from ._policy import PolicyBase
 from ._validate import check_backoff, check_callable, check_clock, check_int, check_number
 from .errors import ConfigurationError, Rejected
@@ -20,6 +20,7 @@ from .testing._no_wait import NO_WAIT
 __all__ = ["Retry", "RetryStatistics"]
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +83,7 @@ class Retry(PolicyBase):
     def __init__(
         self,
         *,
-        on: Any,
+        on: ExceptionFilter,
         on_result: Callable[[Any], bool] | None = None,
         attempts: int = 3,
         deadline: float | None = None,
@@ -162,7 +163,7 @@ class Retry(PolicyBase):
 
     # -- the shells -----------------------------------------------------------------
 
-    def call(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+    def call(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         """Run ``fn(*args, **kwargs)``, retrying as configured."""
         if self.budget is not None:
             self.budget.deposit()
@@ -226,7 +227,9 @@ class Retry(PolicyBase):
                 self._recovered += 1
                 return result  # type: ignore[no-any-return]
 
-    async def call_async(self, fn: Callable[..., Awaitable[T]], /, *args: Any, **kwargs: Any) -> T:
+    async def call_async(
+        self, fn: Callable[P, Awaitable[T]], /, *args: P.args, **kwargs: P.kwargs
+    ) -> T:
         """Run ``await fn(*args, **kwargs)``, retrying as configured."""
         if self.budget is not None:
             self.budget.deposit()

@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 import anyio
 
@@ -24,6 +24,7 @@ from .errors import ResilienceError
 __all__ = ["Timeout", "TimeoutStatistics"]
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 _get_running_loop = asyncio._get_running_loop
 
@@ -130,7 +131,7 @@ class Timeout(PolicyBase, ResilienceError, TimeoutError):
 
     # -- sync -------------------------------------------------------------------------
 
-    def call(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+    def call(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         """Run ``fn(*args, **kwargs)``; raise Timeout if it starts or ends past the limit."""
         seconds = self._budget()
         if seconds <= 0:
@@ -170,7 +171,9 @@ class Timeout(PolicyBase, ResilienceError, TimeoutError):
 
     # -- async ------------------------------------------------------------------------
 
-    async def call_async(self, fn: Callable[..., Awaitable[T]], /, *args: Any, **kwargs: Any) -> T:
+    async def call_async(
+        self, fn: Callable[P, Awaitable[T]], /, *args: P.args, **kwargs: P.kwargs
+    ) -> T:
         """Run ``await fn(*args, **kwargs)``, cancelling it at the limit."""
         if not self._fake_timers:
             return await self._runner(fn)(*args, **kwargs)  # type: ignore[no-any-return]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 from .._clock import Clock
 from .._deferred import armed
@@ -34,6 +34,7 @@ from ._switch import chaos_active
 __all__ = ["Faults"]
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 _POLICY_FAULTS = (Latency, Error, Result, Hang)
 
@@ -183,7 +184,7 @@ class Faults(PolicyBase):
             emit_plan(self, plan)
         return plan
 
-    def call(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+    def call(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         """Run ``fn(*args, **kwargs)``, injecting faults when chaos is enabled."""
         if not self._switch():
             return fn(*args, **kwargs)
@@ -229,7 +230,9 @@ class Faults(PolicyBase):
 
         return faults_sync
 
-    async def call_async(self, fn: Callable[..., Awaitable[T]], /, *args: Any, **kwargs: Any) -> T:
+    async def call_async(
+        self, fn: Callable[P, Awaitable[T]], /, *args: P.args, **kwargs: P.kwargs
+    ) -> T:
         """Run ``await fn(*args, **kwargs)``, injecting faults when chaos is enabled."""
         if not self._switch():
             return await fn(*args, **kwargs)

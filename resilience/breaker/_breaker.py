@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast
 from .._clock import SYSTEM_CLOCK, Clock
 from .._events import GLOBAL_LISTENERS, CallRejected
 from .._keyed import BoundedMap
+from .._matching import ExceptionFilter
 from .._policy import PolicyBase, is_generator_function
 from .._validate import check_callable, check_clock, check_int, check_number
 from ..errors import ConfigurationError, Rejected
@@ -222,8 +223,8 @@ class CircuitBreaker(PolicyBase):
         open_for_jitter: float = 0.0,
         half_open_calls: int = 1,
         max_half_open_wait: float | None = None,
-        record: Any = None,
-        exclude: Any = (),
+        record: ExceptionFilter | None = None,
+        exclude: ExceptionFilter = (),
         record_result: Callable[[Any], bool] | None = None,
         record_rejected: bool = False,
         key: Callable[..., Hashable] | None = None,
@@ -519,7 +520,7 @@ class CircuitBreaker(PolicyBase):
     # call_async() and the two wrappers of __call__(), which saves a Python frame (a
     # coroutine, for async) per call; everything else goes through _guarded().
 
-    def call(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+    def call(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         """Run ``fn(*args, **kwargs)`` through the breaker (raises CircuitOpen when open)."""
         core = self._core or self._core_for(args, kwargs)
         ticket = core.fast
@@ -551,7 +552,9 @@ class CircuitBreaker(PolicyBase):
         self._succeeded(core, ticket, result, start)
         return result
 
-    async def call_async(self, fn: Callable[..., Awaitable[T]], /, *args: Any, **kwargs: Any) -> T:
+    async def call_async(
+        self, fn: Callable[P, Awaitable[T]], /, *args: P.args, **kwargs: P.kwargs
+    ) -> T:
         """Run ``await fn(*args, **kwargs)`` through the breaker (asyncio or trio)."""
         core = self._core or self._core_for(args, kwargs)
         ticket = core.fast
@@ -649,7 +652,7 @@ class CircuitBreaker(PolicyBase):
 
         return cast(Callable[P, T], wrapper)
 
-    def _call_with_fallback(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+    def _call_with_fallback(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         return self._fallback.call(CircuitBreaker.call, self, fn, *args, **kwargs)  # type: ignore[no-any-return]
 
     async def _call_async_with_fallback(

@@ -12,7 +12,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 from .._policy import PolicyBase
 from ..errors import CircuitOpen, ConfigurationError, Rejected
@@ -22,6 +22,7 @@ from ._state import CircuitState
 __all__ = ["PyBreakerPolicy"]
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 _STATES = {
     "closed": CircuitState.CLOSED,
@@ -175,7 +176,7 @@ class PyBreakerPolicy(PolicyBase):
 
     # ----------------------------------------------------------------- shells
 
-    def call(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+    def call(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         """Run ``fn(*args, **kwargs)`` under the pybreaker (its lock not held during it)."""
         state, trial = self._before(fn, args, kwargs)
         try:
@@ -186,7 +187,9 @@ class PyBreakerPolicy(PolicyBase):
         self._after(state, trial, None)
         return result
 
-    async def call_async(self, fn: Callable[..., Awaitable[T]], /, *args: Any, **kwargs: Any) -> T:
+    async def call_async(
+        self, fn: Callable[P, Awaitable[T]], /, *args: P.args, **kwargs: P.kwargs
+    ) -> T:
         """Run ``await fn(*args, **kwargs)`` under the pybreaker (no tornado needed)."""
         state, trial = self._before(fn, args, kwargs)
         try:

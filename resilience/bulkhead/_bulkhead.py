@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable, Hashable
 from contextvars import ContextVar
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from .. import _deadline
 from .._clock import SYSTEM_CLOCK, Clock
@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 __all__ = ["Bulkhead", "BulkheadStatistics"]
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 #: Priority of calls that name none: lower numbers are served first.
 DEFAULT_PRIORITY = 0
@@ -311,7 +312,7 @@ class Bulkhead(PolicyBase):
     # distributed) goes through the Slots methods. Explicit acquire()/try/finally/
     # release() costs half of ``with lock:`` on 3.11.
 
-    def call(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+    def call(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         """Run ``fn(*args, **kwargs)`` holding a slot of its key (waits up to ``max_wait``).
 
         Example: ``data = bulkhead.call(fetch, "https://example.com/a")``
@@ -341,7 +342,9 @@ class Bulkhead(PolicyBase):
         finally:
             self._give_back(key, t0)
 
-    async def call_async(self, fn: Callable[..., Awaitable[T]], /, *args: Any, **kwargs: Any) -> T:
+    async def call_async(
+        self, fn: Callable[P, Awaitable[T]], /, *args: P.args, **kwargs: P.kwargs
+    ) -> T:
         """Run ``await fn(*args, **kwargs)`` holding a slot of its key (asyncio or trio).
 
         Example: ``data = await bulkhead.call_async(fetch, "https://example.com/a")``

@@ -435,7 +435,7 @@ class RateLimiter(PolicyBase):
 
     # ------------------------------------------------------------------ policy
 
-    def call(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+    def call(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         """Run ``fn(*args, **kwargs)`` once a token for its key is available.
 
         The key is ``key(*args, **kwargs)`` when the limiter's ``key`` is a function.
@@ -465,7 +465,9 @@ class RateLimiter(PolicyBase):
         self.acquire(key)
         return fn(*args, **kwargs)
 
-    async def call_async(self, fn: Callable[..., Awaitable[T]], /, *args: Any, **kwargs: Any) -> T:
+    async def call_async(
+        self, fn: Callable[P, Awaitable[T]], /, *args: P.args, **kwargs: P.kwargs
+    ) -> T:
         """Run ``await fn(*args, **kwargs)`` once a token for its key is available."""
         admit_one = self._admit_one
         if admit_one is not None:
