@@ -28,11 +28,18 @@ import time
 from collections import Counter
 from typing import Any
 
-__all__ = ["Cache", "RedisCache", "SqliteCache", "build_cache"]
+__all__ = ["Cache", "CacheUnavailable", "RedisCache", "SqliteCache", "build_cache"]
 
 
 def _h(text: str) -> str:
     return hashlib.blake2b(text.encode(), digest_size=12).hexdigest()
+
+
+class CacheUnavailable(Exception):
+    """The store could not be asked (it is down): neither a hit nor a miss."""
+
+
+_FAILED = object()
 
 
 class Cache:
@@ -54,7 +61,11 @@ class Cache:
         raise NotImplementedError
 
     async def get_result(self, job_id: str) -> dict[str, Any] | None:
-        """A finished job's public document by id, or ``None``."""
+        """A finished job's public document by id, or ``None`` (no such id).
+
+        Raises :class:`CacheUnavailable` when the store cannot answer: a miss then would
+        be taken for an unknown id (and negatively cached).
+        """
         raise NotImplementedError
 
     async def put_result(self, job_id: str, doc: dict[str, Any]) -> None:
@@ -164,20 +175,21 @@ class RedisCache(Cache):
     def _k(self, kind: str, value: str) -> str:
         return f"{self.prefix}:{kind}:{_h(value)}"
 
-    async def _run(self, op: str, *args: Any) -> Any:
+    async def _run(self, op: str, *args: Any, failed: Any = None) -> Any:
+        """``op`` on Redis; ``failed`` when Redis fails or the breaker is open."""
         import resilience as rs
 
         try:
             permit = self.breaker.acquire_nowait()
         except rs.CircuitOpen:
             self.counts["skipped"] += 1
-            return None
+            return failed
         try:
             result = await getattr(self.client, op)(*args)
         except Exception as exc:
             permit.failure(exc)
             self.counts["errors"] += 1
-            return None
+            return failed
         permit.success()
         return result
 
@@ -197,8 +209,10 @@ class RedisCache(Cache):
         await self._run("delete", self._k("url", url))
 
     async def get_result(self, job_id: str) -> dict[str, Any] | None:
-        """See :meth:`Cache.get_result`."""
-        raw = await self._run("get", self._k("id", job_id))
+        """See :meth:`Cache.get_result` (:class:`CacheUnavailable` when Redis fails)."""
+        raw = await self._run("get", self._k("id", job_id), failed=_FAILED)
+        if raw is _FAILED:
+            raise CacheUnavailable
         return None if raw is None else dict(json.loads(raw))
 
     async def put_result(self, job_id: str, doc: dict[str, Any]) -> None:

@@ -43,7 +43,7 @@ import resilience as rs
 
 from ._asgi import LoopLag, tune_gc
 from ._wire import LoopbackTransport
-from .cache import build_cache
+from .cache import CacheUnavailable, build_cache
 from .config import ServiceConfig
 from .inference import Summarizer
 from .jobs import TtlSet
@@ -175,6 +175,8 @@ class Service:
         )
 
     async def _lookup(self, job_id: str) -> tuple[Any, dict[str, Any] | None]:
+        """The job (running or recent) or its stored document; raises
+        :class:`CacheUnavailable` when only the store could tell and it is down."""
         job = self.pipeline.jobs.get(job_id)
         if job is not None:
             return job, None
@@ -182,13 +184,25 @@ class Service:
             self.api_counts["unknown_id_hits"] += 1
             return None, None
         doc = await self.cache.get_result(job_id)
-        if doc is None:
+        if doc is None:  # a real miss, not an outage: remember it for a short while
             self.unknown_ids.add(job_id)
         return None, doc
 
+    @staticmethod
+    def _store_down() -> Response:
+        # Not a 404: the id may well exist, the store that knows it is down for now.
+        return JSONResponse(
+            {"error": "the summary store is temporarily unavailable"},
+            status_code=503,
+            headers={"retry-after": "1"},
+        )
+
     async def get(self, request: Request) -> Response:
         """``GET /summaries/{id}``."""
-        job, doc = await self._lookup(request.path_params["id"])
+        try:
+            job, doc = await self._lookup(request.path_params["id"])
+        except CacheUnavailable:
+            return self._store_down()
         if job is not None:
             return JSONResponse(job.public())
         if doc is not None:
@@ -197,7 +211,10 @@ class Service:
 
     async def stream(self, request: Request) -> Response:
         """``GET /summaries/{id}/stream`` (Server-Sent Events)."""
-        job, doc = await self._lookup(request.path_params["id"])
+        try:
+            job, doc = await self._lookup(request.path_params["id"])
+        except CacheUnavailable:
+            return self._store_down()
         if job is None and doc is None:
             return JSONResponse({"error": "unknown summary id"}, status_code=404)
 

@@ -203,6 +203,32 @@ def test_every_stream_ends_with_done_on_redis(make_service, redis_server):
     assert ends == ["done"] * len(ids)
 
 
+def test_a_redis_outage_is_not_taken_for_an_unknown_id(make_service, redis_server):
+    """A finished job known only to the Redis store: while Redis is down its id gets a
+    503 with Retry-After (the store cannot tell), not a 404 that the negative cache would
+    then repeat for ``negative_ttl`` after Redis is back; once back, it is found again."""
+    svc = make_service(redis_url=redis_server.url)
+    job_id = svc.submit("https://vidhub.test/watch/stored1").json()["id"]
+    assert svc.wait(job_id)["outcome"] == "full"
+    svc.service.pipeline.jobs.by_id.clear()  # as after a restart: only the store knows it
+    assert svc.client.get(f"/summaries/{job_id}").status_code == 200
+    redis_server.pause()
+    try:
+        for path in (f"/summaries/{job_id}", f"/summaries/{job_id}/stream"):
+            down = svc.client.get(path)
+            assert down.status_code == 503
+            assert down.headers["retry-after"] == "1"
+    finally:
+        redis_server.resume()
+    deadline = time.monotonic() + 5  # the store's breaker probes again within a second
+    while (back := svc.client.get(f"/summaries/{job_id}")).status_code == 503:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert back.status_code == 200
+    assert back.json()["outcome"] == "full"
+    assert svc.client.get("/summaries/neverexisted").status_code == 404
+
+
 def test_workers_sharing_a_workdir_keep_their_media_apart(make_service, redis_server, tmp_path):
     """Two workers on one workdir (as `demo --workers 2` runs them), given the same URLs
     at once: each writes its own media directory, and every job is full."""
