@@ -139,14 +139,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo.add_argument("--no-live", action="store_true", help="no live progress display")
     demo.set_defaults(func=_demo)
 
-    serve = commands.add_parser("serve", help="run one service worker")
-    serve.add_argument("--port", type=int, default=0)
+    serve = commands.add_parser(
+        "serve",
+        help="run one service worker (configuration: SUMMARIZER_CONFIG, JSON of ServiceConfig)",
+    )
+    serve.add_argument("--port", type=int, default=8000, help="0: a free port (default 8000)")
     serve.set_defaults(func=_serve)
 
     upstreams = commands.add_parser("upstreams", help="run the simulated upstreams")
     upstreams.add_argument("--seed", type=int, default=1)
-    upstreams.add_argument("--platforms-port", type=int, default=0)
-    upstreams.add_argument("--models-port", type=int, default=0)
+    upstreams.add_argument(
+        "--platforms-port", type=int, default=8001, help="0: a free port (default 8001)"
+    )
+    upstreams.add_argument(
+        "--models-port", type=int, default=8002, help="0: a free port (default 8002)"
+    )
     upstreams.add_argument("--only", choices=("platforms", "models"), default=None)
     upstreams.set_defaults(func=_upstreams)
 

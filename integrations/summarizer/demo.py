@@ -237,8 +237,8 @@ def run_once(
     # them over the cores as separate machines would be
     seed = ["--seed", str(options.seed)]
     children = [
-        ChildProcess(["upstreams", "--only", "platforms", *seed]),
-        ChildProcess(["upstreams", "--only", "models", *seed]),
+        ChildProcess(["upstreams", "--only", "platforms", "--platforms-port", "0", *seed]),
+        ChildProcess(["upstreams", "--only", "models", "--models-port", "0", *seed]),
     ]
     ChildProcess.start_all(children)
     platforms_port = int(children[0].info["platforms"])
@@ -257,7 +257,7 @@ def run_once(
         for i in range(options.workers):
             cfg = ServiceConfig.from_json(base.to_json())
             cfg.worker_index = i
-            workers.append(ChildProcess(["serve"], env={ENV: cfg.to_json()}))
+            workers.append(ChildProcess(["serve", "--port", "0"], env={ENV: cfg.to_json()}))
         ChildProcess.start_all(workers)
         recorder = Recorder()
         patience = 30.0 if options.quick else 60.0
