@@ -380,13 +380,18 @@ class Pipeline:
     # -- introspection ------------------------------------------------------------
 
     def stats(self) -> dict[str, Any]:
-        """Counters, downloads in flight per domain and stage, breaker states."""
+        """Counters, downloads in flight per domain and stage, breaker states.
+
+        ``downloads_inflight``: downloads holding a slot; ``download_attempts``: attempts
+        in progress, queued ones included (``downloads_peak`` is their peak).
+        """
         return {
             "mode": self.cfg.mode,
             "worker": self.cfg.worker_index,
             "counts": dict(self.counts),
             "jobs_running": len(self.jobs.running),
-            "downloads_inflight": dict(self.downloads.inflight),
+            "downloads_inflight": self.downloads.admitted(),
+            "download_attempts": {d: n for d, n in self.downloads.inflight.items() if n},
             "downloads_peak": dict(self.downloads.peak),
             "download_errors": dict(self.downloads.errors),
             "stage_inflight": dict(self.stage_inflight),

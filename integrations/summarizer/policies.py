@@ -189,6 +189,10 @@ class Downloads:
     def _leave(self, domain: str) -> None:
         self.inflight[domain] -= 1
 
+    def admitted(self) -> dict[str, int]:
+        """Downloads holding a slot now, per domain (attempts still queued left out)."""
+        return {domain: n for domain, n in self.inflight.items() if n}
+
     def slot(self, domain: str, priority: int) -> contextlib.AbstractAsyncContextManager[Attempt]:
         """Admission for one attempt to ``domain`` (held during the whole transfer)."""
         raise NotImplementedError
@@ -342,6 +346,12 @@ class TransportDownloads(Downloads):
     def breaker_states(self) -> dict[str, str]:
         """Breaker state per domain."""
         return {d: self.breaker.state_of(d).value for d in self.cfg.domains}
+
+    def admitted(self) -> dict[str, int]:
+        """See :meth:`Downloads.admitted`: the transport's bulkhead slots held (the
+        attempts counted by :meth:`slot` include those queued inside the transport)."""
+        held = {d: self.bulkhead.statistics(d).in_flight for d in self.cfg.domains}
+        return {domain: n for domain, n in held.items() if n}
 
     def timeout(self) -> httpx.Timeout:
         """The same short timeouts as the composed seam."""

@@ -249,3 +249,26 @@ def test_workers_sharing_a_workdir_keep_their_media_apart(make_service, redis_se
     assert outcomes == ["full"] * len(jobs)
     media = [worker.service.pipeline.media for worker in workers]
     assert media[0] != media[1]
+
+
+def test_stats_count_only_downloads_holding_a_slot_as_in_flight(make_service, platforms):
+    """With the transport seam, attempts queued inside the transport for a slot are
+    download attempts, not downloads in flight: in flight never exceeds the limit."""
+    _, app = platforms
+    app.control("clipzone.test").bandwidth = 256 * 1024  # about a second per video
+    svc = make_service(domain_limit=1)
+    ids = [svc.submit(f"https://clipzone.test/watch/slots{i}").json()["id"] for i in range(3)]
+    seen: list[tuple[int, int]] = []
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        stats = svc.client.get("/internal/stats").json()
+        attempts = stats["download_attempts"].get("clipzone.test", 0)
+        in_flight = stats["downloads_inflight"].get("clipzone.test", 0)
+        seen.append((attempts, in_flight))
+        if attempts >= 2:
+            break
+        time.sleep(0.02)
+    assert max(attempts for attempts, _ in seen) >= 2  # some attempts queued...
+    assert max(in_flight for _, in_flight in seen) <= 1  # ...but one download at a time
+    for job_id in ids:
+        svc.wait(job_id, timeout=60)
