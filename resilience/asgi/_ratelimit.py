@@ -375,15 +375,8 @@ class RateLimitMiddleware(Observed):
         self, scope: Scope, receive: Receive, send: Send, plan: _Plan, key: str, decision: Any
     ) -> None:
         """A refused decision: 429 (or, in shadow mode, count it and let the request in)."""
-        if self.shadow:
-            self.shadow_rejected += 1
-            if self._observed:
-                self._emit(
-                    ShadowRejected(policy=plan.policy, key=key, retry_after=decision.retry_after)
-                )
-            await self.app(scope, receive, send)
+        if await self._shadowed(scope, receive, send, plan, key, decision.retry_after):
             return
-        self.rejected += 1
         headers = [(b"retry-after", retry_after_value(decision.retry_after))]
         headers.extend(plan.headers.refused(decision))
         await self._refuse(scope, send, plan.problem, headers, 1013)
@@ -391,13 +384,9 @@ class RateLimitMiddleware(Observed):
     async def _too_costly(
         self, scope: Scope, receive: Receive, send: Send, plan: _Plan, key: str, cost: int
     ) -> None:
-        if self.shadow:
-            self.shadow_rejected += 1
-            if self._observed:
-                self._emit(ShadowRejected(policy=plan.policy, key=key, retry_after=None))
-            await self.app(scope, receive, send)
+        """A request that costs more than the burst: 429 without Retry-After."""
+        if await self._shadowed(scope, receive, send, plan, key, None):
             return
-        self.rejected += 1
         problem = Problem(
             429,
             QUOTA_EXCEEDED,
@@ -406,6 +395,25 @@ class RateLimitMiddleware(Observed):
             extra={"violated-policies": [plan.name]},
         )
         await self._refuse(scope, send, problem, [], 1013)
+
+    async def _shadowed(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        plan: _Plan,
+        key: str,
+        retry_after: float | None,
+    ) -> bool:
+        """Count a refusal; in shadow mode also let the request in (``True``: done)."""
+        if not self.shadow:
+            self.rejected += 1
+            return False
+        self.shadow_rejected += 1
+        if self._observed:
+            self._emit(ShadowRejected(policy=plan.policy, key=key, retry_after=retry_after))
+        await self.app(scope, receive, send)
+        return True
 
     @staticmethod
     async def _refuse(
