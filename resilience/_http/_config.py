@@ -106,10 +106,13 @@ def resolve(
     max_wait: float,
     clock: Clock,
     name: str,
+    max_hosts: int = 10_000,
+    idle_ttl: float = 600.0,
 ) -> Policies:
     """Turn a :class:`HostPolicy` (shorthands, ``None``, ``False``) into policy objects.
 
-    Shorthands build policies on ``clock`` that wait up to ``max_wait``.
+    Shorthands build policies on ``clock`` that wait up to ``max_wait``; a per-host
+    breaker keeps at most ``max_hosts`` hosts, each for ``idle_ttl`` seconds of silence.
     """
     bulkhead: Any = policy.bulkhead
     if bulkhead is None:
@@ -144,7 +147,13 @@ def resolve(
     elif breaker is False:
         breaker = None
     elif breaker is True:
-        breaker = CircuitBreaker(key=host_key, clock=clock, name=f"{name}.breaker")
+        breaker = CircuitBreaker(
+            key=host_key,
+            max_keys=max_hosts,
+            idle_ttl=idle_ttl,
+            clock=clock,
+            name=f"{name}.breaker",
+        )
     elif not isinstance(breaker, CircuitBreaker):
         raise ConfigurationError(
             f"{where}breaker must be a CircuitBreaker or True, got {breaker!r}"

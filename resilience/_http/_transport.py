@@ -245,6 +245,10 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observab
                 f"deadline_header must be a header name, got {deadline_header!r}"
             )
         self._deadline_header = deadline_header
+        # Before the policies: a breaker=True keeps its per-host state within these bounds.
+        self._hosts: HostTable[Host] = HostTable(
+            self._new_host, max_keys=max_hosts, idle_ttl=idle_ttl, clock=self._clock
+        )
         self._default = self._resolve("", HostPolicy(bulkhead, limiter, breaker), (None,) * 3)
         self._overrides: list[tuple[str, Policies]] = []
         for pattern, policy in (hosts or {}).items():
@@ -255,9 +259,6 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observab
             self._overrides.append(
                 (pattern.lower(), self._resolve(f"hosts[{pattern!r}].", policy, self._default))
             )
-        self._hosts: HostTable[Host] = HostTable(
-            self._new_host, max_keys=max_hosts, idle_ttl=idle_ttl, clock=self._clock
-        )
         self._lock = threading.Lock()
         self._requests = self._retries = self._recovered = self._exhausted = 0
         self._hedges = self._hedge_wins = self._pauses = self._rejected = 0
@@ -266,7 +267,14 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observab
 
     def _resolve(self, where: str, policy: HostPolicy, inherit: Any) -> Policies:
         return resolve(
-            where, policy, inherit, max_wait=self.max_wait, clock=self._clock, name=self.name
+            where,
+            policy,
+            inherit,
+            max_wait=self.max_wait,
+            clock=self._clock,
+            name=self.name,
+            max_hosts=self._hosts.max_keys,
+            idle_ttl=self._hosts.idle_ttl,
         )
 
     def _new_host(self, key: Hashable) -> Host:

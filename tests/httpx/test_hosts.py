@@ -59,3 +59,27 @@ def test_transport_state_is_bounded_per_host() -> None:
     for n in range(50):
         transport.handle_request(httpx.Request("GET", f"http://host-{n}.test/"))
     assert transport.statistics().hosts <= 8
+
+
+def test_a_per_host_breaker_keeps_no_more_hosts_than_max_hosts() -> None:
+    """breaker=True keeps its per-host windows within max_hosts too (it kept 10,000
+    hosts whatever max_hosts said): 3,000 hosts at max_hosts=8 leave little behind."""
+    import gc
+    import tracemalloc
+
+    transport = ResilientTransport(
+        httpx.MockTransport(lambda request: httpx.Response(200)), breaker=True, max_hosts=8
+    )
+    transport.handle_request(httpx.Request("GET", "http://warm.test/"))
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for n in range(3000):
+            transport.handle_request(httpx.Request("GET", f"http://host-{n}.test/"))
+        gc.collect()
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert transport.statistics().hosts <= 8
+    assert grown < 500_000  # the 3,000 breaker windows it kept took 7.6 MB
