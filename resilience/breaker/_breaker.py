@@ -146,6 +146,13 @@ class Permit:
         return f"<Permit {self._breaker.name!r} key={self._core.key!r} done={self._done}>"
 
 
+# The permits of ``with breaker:`` blocks, innermost last: one variable for every breaker
+# (one per breaker would stay in each context it was ever entered in).
+_ENTERED: ContextVar[tuple[tuple[CircuitBreaker, Permit], ...]] = ContextVar(
+    "resilience_breaker_entered", default=()
+)
+
+
 class CircuitBreaker(PolicyBase):
     """Stop calling a failing dependency; probe it after a cool-down; degrade meanwhile.
 
@@ -273,9 +280,6 @@ class CircuitBreaker(PolicyBase):
         self._plain = not self._timed and self._judge is None
         self._draw = random.Random(seed).random if seed is not None else random.random
         self._default_state = initial_state
-        self._entered: ContextVar[tuple[Permit, ...]] = ContextVar(
-            f"resilience_breaker_{id(self):x}", default=()
-        )
 
         from ..backends import MemoryBackend  # no redis import: that is lazy too
 
@@ -665,14 +669,17 @@ class CircuitBreaker(PolicyBase):
     # ----------------------------------------------------------------- with / async with
 
     def _enter(self, permit: Permit) -> None:
-        self._entered.set((*self._entered.get(), permit))
+        _ENTERED.set((*_ENTERED.get(), (self, permit)))
 
     def _leave(self) -> Permit:
-        stack = self._entered.get()
-        if not stack:
-            raise RuntimeError(f"{self!r}: exit without a matching enter")
-        self._entered.set(stack[:-1])
-        return stack[-1]
+        stack = _ENTERED.get()
+        # The innermost block of this breaker (the last entry, unless blocks of several
+        # breakers were entered and exited out of order by hand).
+        for index in range(len(stack) - 1, -1, -1):
+            if stack[index][0] is self:
+                _ENTERED.set(stack[:index] + stack[index + 1 :])
+                return stack[index][1]
+        raise RuntimeError(f"{self!r}: exit without a matching enter")
 
     def __enter__(self) -> CircuitBreaker:
         self._enter(self.acquire_nowait())
