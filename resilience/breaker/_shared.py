@@ -52,6 +52,12 @@ __all__ = ["SharedState"]
 
 logger = logging.getLogger("resilience.breaker")
 
+_STOP = object()  # tells the publisher thread to exit
+#: Publishes waiting for the publisher thread, at most: one per (name, key), the newest
+#: state replacing an older one still queued; past this cap a publish is dropped (the
+#: fleet still learns the state by polling).
+_MAX_PENDING = 10_000
+
 _TRIP = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -140,7 +146,12 @@ class _Hub:
         #: name -> the breakers of that name (several may share one: each hears all).
         self._members: dict[str, weakref.WeakSet[SharedState]] = {}
         self._lock = threading.Lock()
-        self._jobs: queue.SimpleQueue[Callable[[], object] | None] = queue.SimpleQueue()
+        # The publisher's work: slots in order, each slot's newest job in _pending.
+        self._jobs: queue.SimpleQueue[Hashable] = queue.SimpleQueue()
+        self._pending: dict[Hashable, Callable[[], object]] = {}
+        self._pending_lock = threading.Lock()
+        #: Publishes dropped because _MAX_PENDING were waiting.
+        self.dropped = 0
         self._stop = threading.Event()
         self._subscriber: threading.Thread | None = None
         self._publisher: threading.Thread | None = None
@@ -183,27 +194,45 @@ class _Hub:
         """Stop both threads (they exit within about 0.1 s)."""
         self.stopped = True
         self._stop.set()
-        self._jobs.put(None)
+        self._jobs.put(_STOP)
         for thread in (self._subscriber, self._publisher):
             if thread is not None and thread is not threading.current_thread():
                 thread.join(timeout)
 
     # ---------------------------------------------------------------- publishing
 
-    def submit(self, job: Callable[[], object]) -> None:
-        """Run ``job`` on the publisher thread (never blocks the caller)."""
-        if not self.stopped:
-            self._jobs.put(job)
+    def submit(self, slot: Hashable, job: Callable[[], object]) -> None:
+        """Run ``job`` on the publisher thread (never blocks the caller).
+
+        A job of a ``slot`` (a breaker name and key) still waiting is replaced: only the
+        newest state of a key is worth publishing, and the queue stays bounded when
+        transitions come faster than Redis takes them.
+        """
+        if self.stopped:
+            return
+        with self._pending_lock:
+            if slot not in self._pending:
+                if len(self._pending) >= _MAX_PENDING:
+                    self.dropped += 1
+                    return
+                self._jobs.put(slot)
+            self._pending[slot] = job
 
     def _publish_loop(self) -> None:
         while True:
-            job = self._jobs.get()
-            if job is None or self._stop.is_set():
+            slot = self._jobs.get()
+            if slot is _STOP or self._stop.is_set():
                 return
+            with self._pending_lock:
+                job = self._pending.pop(slot, None)
             try:
-                job()
+                if job is not None:
+                    job()
             except Exception:  # pragma: no cover - jobs report their own errors
                 logger.warning("resilience: breaker publish failed", exc_info=True)
+            # Not kept while waiting for the next one: the job's closure holds its
+            # breaker, which could then never be collected (nor these threads stop).
+            job = None
 
     # ---------------------------------------------------------------- subscribing
 
@@ -253,11 +282,14 @@ class _Hub:
 
     def _poll_all(self) -> None:
         self._next_poll = time.monotonic() + self.interval
+        with self._lock:  # drop the names whose breakers are all gone
+            for name in [name for name, group in self._members.items() if not group]:
+                del self._members[name]
         members = self._live()
         if not members:  # every breaker of this backend is gone
             self.stopped = True
             self._stop.set()
-            self._jobs.put(None)
+            self._jobs.put(_STOP)
             return
         for member in members:
             member._poll()
@@ -349,9 +381,9 @@ class SharedState:
         wire = None if key is None else str(key)
         if new is CircuitState.OPEN and open_for is not None:
             ttl = max(1, int(open_for * 1000))
-            self._hub.submit(lambda: self._publish_open(wire, ttl))
+            self._hub.submit((self.name, wire), lambda: self._publish_open(wire, ttl))
         elif new is CircuitState.CLOSED and reason in ("probes_succeeded", "manual"):
-            self._hub.submit(lambda: self._publish_close(wire))
+            self._hub.submit((self.name, wire), lambda: self._publish_close(wire))
 
     def _message(self, op: str, key: str | None, ttl: int = 0) -> str:
         return json.dumps(
@@ -469,6 +501,7 @@ class SharedState:
             "applied": self.applied,
             "won": self.won,
             "lost": self.lost,
+            "dropped": self._hub.dropped,
         }
 
     def __repr__(self) -> str:

@@ -379,3 +379,71 @@ async def test_a_probe_cancelled_during_its_election_frees_the_half_open_slot(
         assert breaker.state is CircuitState.CLOSED
     finally:
         breaker.shared.close()
+
+
+def _breaker_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("resilience-breaker-")]
+
+
+def test_a_dropped_shared_breaker_is_collected_and_its_threads_stop(
+    redis_server: RedisServer,
+) -> None:
+    """A shared breaker that tripped (so published) and was then dropped without close():
+    it is collected and the backend's subscriber and publisher threads stop (the
+    publisher used to keep its last job, hence the breaker, alive for good)."""
+    import gc
+    import weakref
+
+    before = set(_breaker_threads())
+    backend = RedisBackend.from_url(redis_server.url, timeout=1.0)
+    breaker = CircuitBreaker(
+        name="dropped",
+        backend=backend,
+        failure_rate=None,
+        consecutive_failures=1,
+        sync_interval=0.1,
+    )
+    with pytest.raises(Boom):
+        breaker.call(boom)
+    shared = breaker.shared
+    assert shared is not None
+    deadline = time.monotonic() + 3
+    while shared.statistics()["published"] < 1:
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    assert set(_breaker_threads()) - before  # this backend's two threads
+    gone = weakref.ref(breaker)
+    del breaker, shared
+    gc.collect()
+    assert gone() is None
+    assert wait_for(lambda: set(_breaker_threads()) <= before)
+    backend.close()
+
+
+def test_publishes_of_one_key_coalesce(redis_server: RedisServer) -> None:
+    """Transitions faster than the publisher thread publishes keep one pending publish
+    per key (the newest state), so the queue stays bounded however fast keys trip."""
+    backend = RedisBackend.from_url(redis_server.url, timeout=1.0)
+    breaker = CircuitBreaker(
+        name="busy",
+        backend=backend,
+        failure_rate=None,
+        consecutive_failures=1,
+        key=lambda k: k,
+    )
+    shared = breaker.shared
+    assert shared is not None
+    hub = shared._hub
+    gate = threading.Event()
+    hub.submit(("busy", "gate"), gate.wait)  # holds the publisher thread
+    try:
+        for _ in range(200):
+            for key in ("a", "b"):
+                breaker.open(key)
+                breaker.close(key)
+        assert len(hub._pending) <= 3  # the gate, and one publish each for "a" and "b"
+    finally:
+        gate.set()
+    assert wait_for(lambda: not hub._pending)
+    shared.close()
+    backend.close()
