@@ -536,17 +536,19 @@ class Bulkhead(PolicyBase):
         else:
             in_flight, waiting = slots.counts(key)
             keys = 1 if in_flight else 0
+        rejected = slots.rejected if key is None else slots.rejected_for(key)
         shared = backend = None
         if self._remote is not None:
-            shared, backend, (r_in, r_wait, r_keys) = self._remote.statistics(key)
+            shared, backend, (r_in, r_wait, r_keys, r_rejected) = self._remote.statistics(key)
             in_flight += r_in
             waiting += r_wait
             keys += r_keys
+            rejected += r_rejected
         return BulkheadStatistics(
             max_concurrent=self.max_concurrent,
             in_flight=in_flight,
             waiting=waiting,
-            rejected=slots.rejected if key is None else slots.rejected_for(key),
+            rejected=rejected,
             keys=keys,
             key=key,
             shared_in_flight=shared,

@@ -890,8 +890,11 @@ class Distributed:
 
     # ------------------------------------------------------------------ introspection
 
-    def statistics(self, key: Hashable) -> tuple[int | None, dict[str, Any], tuple[int, int, int]]:
-        """``(leases in Redis for key, backend counters, (held, waiting, keys) here)``."""
+    def statistics(
+        self, key: Hashable
+    ) -> tuple[int | None, dict[str, Any], tuple[int, int, int, int]]:
+        """``(leases in Redis for key, backend counters, (held, waiting, keys, rejected)
+        here)``; ``rejected`` counts the local twin's refusals while Redis failed."""
         with self.lock:
             if key is None:
                 held = sum(self._held.values())
@@ -902,8 +905,11 @@ class Distributed:
                 queue = self._queues.get(self.keys_for(key)[0])
                 waiting = 0 if queue is None else queue.live
                 keys = 1 if held else 0
+        rejected = 0
         if self.twin is not None:
-            waiting += self.twin.statistics(key).waiting
+            twin = self.twin.statistics(key)
+            waiting += twin.waiting
+            rejected = twin.rejected
         shared: int | None = None
         if key is not None or self.owner._key is None:
             try:
@@ -913,7 +919,7 @@ class Distributed:
         backend: dict[str, Any] = dict(self.failover.statistics())
         backend["leases_lost"] = self.leases_lost
         backend["lease"] = self.lease
-        return shared, backend, (held, waiting, keys)
+        return shared, backend, (held, waiting, keys, rejected)
 
     def close(self) -> None:
         """Stop the notification listener (held leases keep being renewed until released)."""

@@ -385,6 +385,8 @@ def test_local_mode_uses_an_in_process_twin_while_redis_is_down(
     permit = bulkhead.acquire_nowait("k")  # the twin
     with pytest.raises(rs.BulkheadFull):
         bulkhead.acquire_nowait("k")  # local_limit=1
+    # the twin's refusals are the bulkhead's (they used to be left out)
+    assert bulkhead.statistics().rejected == bulkhead.statistics("k").rejected == 1
     permit.release()
     assert time.monotonic() - started < 1.0
     assert any(isinstance(e, rs.BackendFallback) and e.mode == "local" for e in events)
