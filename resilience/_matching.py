@@ -10,14 +10,16 @@ from .errors import ConfigurationError
 
 __all__ = ["ExceptionFilter", "ExceptionMatcher", "exception_filter"]
 
-#: What ``on=`` accepts: an exception type, a tuple (list, set) of them, or a predicate.
+#: What ``on=`` accepts: an exception type, a tuple (list, set) of them, or a predicate
+#: (called with :class:`Exception` instances only: cancellation and ``KeyboardInterrupt``
+#: are never retried, caught or recorded).
 ExceptionFilter = (
     type[BaseException]
     | tuple[type[BaseException], ...]
     | list[type[BaseException]]
     | set[type[BaseException]]
     | frozenset[type[BaseException]]
-    | Callable[[BaseException], bool]
+    | Callable[[Exception], bool]
 )
 
 

@@ -45,6 +45,7 @@ class _Plan:
     """Everything one rule (or the default) needs per request, resolved at construction."""
 
     __slots__ = (
+        "_burst",
         "acquire",
         "admitted_fields",
         "cost",
@@ -105,6 +106,8 @@ class _Plan:
                     "no request could ever be admitted"
                 )
         self.name = name
+        burst = getattr(limiter, "burst", None)
+        self._burst: float | None = burst if isinstance(burst, int | float) else None
         self.headers = RateLimitHeaders(name, limiter, headers)
         # The leanest path: an in-memory token bucket taking one token. The buckets'
         # take_one() returns the ticks until full when admitted (no Decision built), or
@@ -122,6 +125,16 @@ class _Plan:
             QUOTA_EXCEEDED,
             "Request cannot be satisfied as assigned quota has been exceeded",
             extra={"violated-policies": [name]},
+        )
+
+    def above_burst(self, cost: object) -> bool:
+        """Whether a cost function's ``cost`` is a valid cost the burst can never cover."""
+        return (
+            self.cost_fn is not None
+            and self._burst is not None
+            and isinstance(cost, int)
+            and not isinstance(cost, bool)
+            and cost > self._burst
         )
 
 
@@ -346,8 +359,8 @@ class RateLimitMiddleware(Observed):
                 await self._refuse(scope, send, self._unavailable, [(b"retry-after", b"1")], 1011)
                 return
             except ConfigurationError:
-                if plan.cost_fn is None:
-                    raise
+                if not plan.above_burst(cost):
+                    raise  # a cost function's bug (a float, a negative cost): loudly
                 # A request's own cost above the burst can never be admitted: a refusal
                 # without Retry-After, not a 500 a client could trigger at will.
                 await self._too_costly(scope, receive, send, plan, key, cost)

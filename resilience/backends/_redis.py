@@ -19,6 +19,7 @@ Redis backend without it raises ``ImportError`` naming the extra to install.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import hashlib
 import os
@@ -466,6 +467,13 @@ class RedisBackend:
                 lane = self._lanes.pop(client, None)
                 if isinstance(lane, _Lane):
                     await lane.close()
+                initializing = self._initializing.pop(client, None)
+                if initializing is not None and not initializing.done():
+                    # A cluster client still being set up: redis-py's aclose() would not
+                    # close it, and the setup would then open connections nobody holds.
+                    initializing.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await initializing
                 await client.aclose()
 
     def __repr__(self) -> str:

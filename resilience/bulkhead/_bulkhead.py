@@ -8,6 +8,9 @@ builds a waiter (thread, asyncio or trio flavour) and parks on it.
 
 from __future__ import annotations
 
+import asyncio
+import sys
+import threading
 from collections.abc import Awaitable, Callable, Hashable
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -45,9 +48,25 @@ _MAX_INT = 2**63 - 1
 _HELD: ContextVar[tuple[Permit, ...]] = ContextVar("resilience_bulkhead_held", default=())
 # Hold-time samples of ``with bulkhead:`` blocks (bulkhead, start), innermost last: the
 # block's exit finds its own start here (only while sampling, after contention).
-_SAMPLED: ContextVar[tuple[tuple[Bulkhead, float], ...]] = ContextVar(
+# Each entry names the task or thread whose block it is: a task started inside a sampled
+# block inherits the entry with its context, and must not take it for its own.
+_SAMPLED: ContextVar[tuple[tuple[Bulkhead, float, object], ...]] = ContextVar(
     "resilience_bulkhead_sampled", default=()
 )
+
+
+def _runner() -> object:
+    """The asyncio or trio task running now, else the thread."""
+    try:
+        task: object = asyncio.current_task()
+    except RuntimeError:  # no asyncio loop in this thread
+        task = None
+    if task is None and (trio := sys.modules.get("trio")) is not None:
+        try:
+            task = trio.lowlevel.current_task()
+        except RuntimeError:  # not in trio either
+            task = None
+    return threading.get_ident() if task is None else task
 
 
 @dataclass(frozen=True, slots=True)
@@ -403,14 +422,14 @@ class Bulkhead(PolicyBase):
 
     def _push_sample(self) -> None:
         """Start a hold-time sample for the ``with`` block just entered."""
-        _SAMPLED.set((*_SAMPLED.get(), (self, self._now())))
+        _SAMPLED.set((*_SAMPLED.get(), (self, self._now(), _runner())))
         with self._lock:
             self._samples_out += 1
 
     def _pop_sample(self) -> float | None:
         """The start of the exiting ``with`` block's sample, if it has one."""
         sampled = _SAMPLED.get()
-        if not sampled or sampled[-1][0] is not self:
+        if not sampled or sampled[-1][0] is not self or sampled[-1][2] != _runner():
             return None
         _SAMPLED.set(sampled[:-1])
         with self._lock:

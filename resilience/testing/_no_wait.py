@@ -17,9 +17,10 @@ def no_wait() -> Iterator[None]:
 
     Scoped by a ContextVar, not a global: other threads and tasks keep their delays.
     Attempts, budgets and events are unchanged; only the waiting is skipped. A skipped
-    sleep still counts against the retry's deadlines (its own ``deadline=`` and the
-    ambient one) as if it had been waited, so a deadline-bounded retry makes the same
-    attempts as without ``no_wait()``.
+    sleep still counts against the deadlines that retry run sees (its own ``deadline=``
+    and the ambient one) as if it had been waited, so a deadline-bounded retry makes the
+    same attempts as without ``no_wait()``. Other code does not see that skipped time:
+    an outer retry, or a second call under the same ``rs.deadline()``, reads the clock.
 
     Example::
 

@@ -242,6 +242,17 @@ async def test_a_request_costing_more_than_the_burst_is_refused_not_an_error(
     assert (await call(app, http_scope(query="10"))).status == 200
 
 
+async def test_a_cost_function_bug_is_not_taken_for_a_costly_request() -> None:
+    """Only a valid cost above the burst is refused with a 429: a cost function returning
+    a float or a negative number is a bug of the app, and fails loudly as before."""
+    for bad in (2.0, -1):
+        app = RateLimitMiddleware(
+            ok_app, limiter=RateLimiter("10/s", clock=FakeClock()), cost=lambda scope, c=bad: c
+        )
+        with pytest.raises(ConfigurationError):
+            await call(app, http_scope())
+
+
 async def test_configuration_errors() -> None:
     """Missing limiter, unknown rule options and bad costs fail at construction."""
     with pytest.raises(ConfigurationError, match="limiter"):

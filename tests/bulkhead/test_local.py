@@ -266,6 +266,51 @@ async def test_async_with_blocks_feed_the_retry_after_estimate() -> None:
     assert bulkhead.statistics().in_flight == 0
 
 
+@pytest.mark.anyio
+async def test_a_task_started_in_a_sampled_block_does_not_take_its_sample() -> None:
+    """A task started inside a sampled ``async with`` block inherits the block's sample
+    with its context; its own unsampled block must not take it for its own (that
+    recorded a hold as long as the task's whole life, and lost another block's sample)."""
+    clock = FakeClock()
+    bulkhead = rs.Bulkhead(3, clock=clock)
+    held = [bulkhead.acquire_nowait(), bulkhead.acquire_nowait()]
+    async with bulkhead:  # fills the last slot: starts sampling, nothing observed yet
+        with pytest.raises(rs.BulkheadFull):
+            bulkhead.acquire_nowait()
+    child_in, child_out, other_in, other_out = (anyio.Event() for _ in range(4))
+
+    async def child() -> None:
+        async with bulkhead:  # unsampled: two slots free when it enters
+            child_in.set()
+            await child_out.wait()
+
+    async def other() -> None:
+        async with bulkhead:  # fills the last slot: sampled, from t=99
+            other_in.set()
+            await other_out.wait()
+
+    async with anyio.create_task_group() as tasks:
+        async with bulkhead:  # fills the last slot again: sampled, at t=0
+            tasks.start_soon(child)  # inherits this block's sample
+        held.pop().release()
+        await child_in.wait()  # the child and one held slot: one free
+        clock.advance(99)
+        tasks.start_soon(other)
+        await other_in.wait()
+        clock.advance(1)
+        child_out.set()  # its exit must leave the inherited sample alone
+        await anyio.sleep(0)
+        other_out.set()  # held 1 s: the only hold observed under contention
+    held.pop().release()
+    permits = [bulkhead.acquire_nowait() for _ in range(3)]
+    with pytest.raises(rs.BulkheadFull) as refused:
+        bulkhead.acquire_nowait()
+    assert refused.value.retry_after is not None
+    assert refused.value.retry_after < 1.0  # from the 1 s hold, not the child's 100 s
+    for permit in permits:
+        permit.release()
+
+
 # ---------------------------------------------------------------------- waiting (threads)
 
 
