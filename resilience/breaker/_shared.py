@@ -160,8 +160,11 @@ class _Hub:
 
     # ---------------------------------------------------------------- membership
 
-    def register(self, shared: SharedState) -> None:
+    def register(self, shared: SharedState) -> bool:
+        """Add ``shared``; ``False`` if this hub stopped meanwhile (ask for a new one)."""
         with self._lock:
+            if self.stopped:
+                return False
             self._members.setdefault(shared.name, weakref.WeakSet()).add(shared)
             self.interval = min(
                 (m.sync_interval for m in self._live() if m is not None), default=1.0
@@ -175,6 +178,7 @@ class _Hub:
                 )
                 self._subscriber.start()
                 self._publisher.start()
+            return True
 
     def unregister(self, shared: SharedState) -> None:
         with self._lock:
@@ -184,6 +188,8 @@ class _Hub:
                 if not group:
                     del self._members[shared.name]
             empty = not self._live()
+            if empty:
+                self.stopped = True  # under the lock: no register() slips in after
         if empty:
             self.stop()
 
@@ -285,9 +291,10 @@ class _Hub:
         with self._lock:  # drop the names whose breakers are all gone
             for name in [name for name, group in self._members.items() if not group]:
                 del self._members[name]
-        members = self._live()
-        if not members:  # every breaker of this backend is gone
-            self.stopped = True
+            members = self._live()
+            if not members:  # every breaker of this backend is gone
+                self.stopped = True  # under the lock: no register() slips in after
+        if not members:
             self._stop.set()
             self._jobs.put(_STOP)
             return
@@ -343,7 +350,9 @@ class SharedState:
 
     def start(self) -> None:
         """Join the fleet: start (or share) the subscriber and publisher threads."""
-        self._hub.register(self)
+        while not self._hub.register(self):
+            # That hub stopped (its last breaker went) since this one picked it.
+            self._hub = _Hub.for_backend(self.backend)
 
     def close(self) -> None:
         """Leave the fleet; the threads stop when no breaker of this backend remains.

@@ -447,3 +447,23 @@ def test_publishes_of_one_key_coalesce(redis_server: RedisServer) -> None:
     assert wait_for(lambda: not hub._pending)
     shared.close()
     backend.close()
+
+
+def test_a_breaker_joining_a_hub_that_just_stopped_gets_a_new_one(
+    redis_server: RedisServer,
+) -> None:
+    """The backend's hub stops when its last breaker goes; a breaker that picked that hub
+    just before joins a new one instead of one whose threads are gone (it would never
+    publish nor hear the fleet)."""
+    backend = RedisBackend.from_url(redis_server.url, timeout=1.0)
+    breaker = CircuitBreaker(name="joiner", backend=backend, consecutive_failures=1)
+    shared = breaker.shared
+    assert shared is not None
+    stale = shared._hub
+    stale.stop()  # as if its last member had gone just before this breaker joined
+    shared.start()
+    assert shared._hub is not stale
+    assert not shared._hub.stopped
+    assert wait_for(lambda: shared.connected)
+    shared.close()
+    backend.close()
