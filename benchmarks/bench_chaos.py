@@ -152,7 +152,7 @@ def _rows(
             baseline_s=base,
             note=f"after chaos was on once, the layer is in the chain (must fail): "
             f"{verdict(with_faults)}; "
-            f"{paired}; {versus_noop:+.2f} µs vs a no-op layer (the ContextVar lookup)",
+            f"{paired}; {versus_noop:+.2f} µs vs a no-op layer (difference of medians)",
         )
         return
     sec.add(

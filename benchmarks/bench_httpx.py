@@ -6,8 +6,9 @@ request: the host lookup, the retry budget's bookkeeping, the deadline check, th
 of the response for server signals and, when configured, the per-host policies. Each
 case calls ``transport.handle_request(request)`` (or ``handle_async_request``) directly.
 
-Peer: what people glue by hand today, tenacity + a per-host semaphore dict + a
-per-host pybreaker around the same inner transport.
+Peer: what people glue by hand today around the same inner transport: sync, tenacity +
+a per-host semaphore dict + a per-host pybreaker; async, tenacity + a per-host
+asyncio.Semaphore dict (pybreaker's async support needs tornado).
 """
 
 from __future__ import annotations

@@ -185,19 +185,19 @@ class RateLimitHeaders:
             admitted_state = gcra.admitted_state
             return lambda fill: admitted_values(*admitted_state(fill))
         tolerance, emission, per_second = gcra.tolerance, gcra.emission, gcra._ticks_per_s
-        rendered = self._fields
+        policy, template = self._policy, self._template
         ceil = math.ceil
         # The fields after one token from a full bucket (fill == emission), the common
-        # case, rendered once and kept apart from the bounded cache.
+        # case, rendered once.
         full = admitted_values(*gcra.admitted_state(emission))
 
         def fields_for_fill(fill: int) -> Sequence[Header]:
             if fill == emission:
                 return full
-            remaining = (tolerance - fill) // emission
-            reset = fill / per_second
-            found = rendered.get((remaining, ceil(reset - 1e-9) if reset > 0 else 0))
-            return admitted_values(remaining, reset) if found is None else found
+            # A draining bucket's state changes with every request, so a cache would
+            # only miss: render it (t as admitted_values rounds it; fill > 0 here).
+            seconds = ceil(fill / per_second - 1e-9)
+            return (policy, (b"ratelimit", template % ((tolerance - fill) // emission, seconds)))
 
         return fields_for_fill
 
