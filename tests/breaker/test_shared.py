@@ -381,6 +381,13 @@ async def test_a_probe_cancelled_during_its_election_frees_the_half_open_slot(
         breaker.shared.close()
 
 
+def _trips_at_once(backend: RedisBackend, name: str, **options: Any) -> CircuitBreaker:
+    """A shared breaker that opens at its first failure."""
+    return CircuitBreaker(
+        name=name, backend=backend, failure_rate=None, consecutive_failures=1, **options
+    )
+
+
 def _breaker_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name.startswith("resilience-breaker-")]
 
@@ -396,13 +403,7 @@ def test_a_dropped_shared_breaker_is_collected_and_its_threads_stop(
 
     before = set(_breaker_threads())
     backend = RedisBackend.from_url(redis_server.url, timeout=1.0)
-    breaker = CircuitBreaker(
-        name="dropped",
-        backend=backend,
-        failure_rate=None,
-        consecutive_failures=1,
-        sync_interval=0.1,
-    )
+    breaker = _trips_at_once(backend, "dropped", sync_interval=0.1)
     with pytest.raises(Boom):
         breaker.call(boom)
     shared = breaker.shared
@@ -424,13 +425,7 @@ def test_publishes_of_one_key_coalesce(redis_server: RedisServer) -> None:
     """Transitions faster than the publisher thread publishes keep one pending publish
     per key (the newest state), so the queue stays bounded however fast keys trip."""
     backend = RedisBackend.from_url(redis_server.url, timeout=1.0)
-    breaker = CircuitBreaker(
-        name="busy",
-        backend=backend,
-        failure_rate=None,
-        consecutive_failures=1,
-        key=lambda k: k,
-    )
+    breaker = _trips_at_once(backend, "busy", key=lambda k: k)
     shared = breaker.shared
     assert shared is not None
     hub = shared._hub
