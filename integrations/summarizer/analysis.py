@@ -110,10 +110,12 @@ def recovery_text(recovery: dict[str, Any]) -> str:
 
 
 def _redis_recovery(
-    events: list[dict[str, Any]], start: float, cleared_at: float
+    events: list[dict[str, Any]], start: float, cleared_at: float, *, policies: bool = True
 ) -> dict[str, Any]:
     fell = {e["policy"] for e in events if e["kind"] == "backend_fallback" and e["t"] >= start}
     if not fell:
+        if not policies:  # the naive run keeps no policy state in Redis: nothing to measure
+            return {"seconds": None, "unused": True, "note": "no policy uses Redis"}
         return {"seconds": 0.0, "note": "no policy had to fall back"}
     back: dict[str, float] = {}
     for e in events:
@@ -185,7 +187,9 @@ def analyze_run(run: dict[str, Any]) -> dict[str, Any]:
             if [target, name] in following or (target, name) in following:
                 continue
             if target == "redis":
-                phase["recovery"][key] = _redis_recovery(events, phase["start"], phase["end"])
+                phase["recovery"][key] = _redis_recovery(
+                    events, phase["start"], phase["end"], policies=run["mode"] != "naive"
+                )
             else:
                 phase["recovery"][key] = recovery_time(
                     samples, target, name, cleared_at=phase["end"]

@@ -45,3 +45,19 @@ def test_a_phase_without_first_tokens_misses_the_first_token_slo() -> None:
     verdict = checks["first-token p95 [steady]"]
     assert verdict["ok"] is False
     assert verdict["measured"] == "no first token"
+
+
+def test_a_redis_fault_in_the_naive_run_is_unused_not_a_zero_second_recovery() -> None:
+    """The naive run keeps no policy state in Redis: its Redis recovery is unused (it
+    printed "0.0 s"); the resilient run with no fallback did recover at once."""
+    from integrations.summarizer.analysis import _redis_recovery
+
+    naive = _redis_recovery([], 10.0, 13.0, policies=False)
+    assert naive["unused"] is True
+    assert recovery_text(naive) == "unused"
+    assert _redis_recovery([], 10.0, 13.0)["seconds"] == 0.0
+    events = [
+        {"kind": "backend_fallback", "policy": "limiter", "t": 11.0},
+        {"kind": "backend_recovered", "policy": "limiter", "t": 14.5},
+    ]
+    assert _redis_recovery(events, 10.0, 13.0)["seconds"] == 1.5
