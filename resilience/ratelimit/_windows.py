@@ -93,6 +93,7 @@ class WindowBuckets:
         "_async_strategies",
         "_backend",
         "_errors",
+        "_expiry_slack",
         "_item",
         "_lock",
         "_moving",
@@ -123,6 +124,10 @@ class WindowBuckets:
         self._period = rate.period_us / 1_000_000
         self._backend = backend
         self.local = local
+        # limits reads a Redis fixed window's expiry with TTL: whole seconds, rounded.
+        # Half a second more makes retry_after an upper bound (a client that waits it is
+        # admitted), and a refusal near the window's end no longer says "retry now".
+        self._expiry_slack = 0.5 if backend is not None and algorithm == "fixed-window" else 0.0
         # limits' MemoryStorage checks a counter's expiry outside the lock it increments
         # under: a thread descheduled in between can wipe a window another just started
         # (16 threads on "3/s" admitted 15 in 3 s). In memory, decisions are serialised.
@@ -196,7 +201,7 @@ class WindowBuckets:
     def _decision(self, allowed: bool, stats: Any, cost: int) -> Decision:
         reset_after = max(0.0, float(stats.reset_time) - time.time())
         remaining = int(stats.remaining)
-        retry_after = 0.0 if allowed else max(reset_after, 1e-6)
+        retry_after = 0.0 if allowed else max(reset_after + self._expiry_slack, 1e-6)
         if not allowed and self._moving and cost - remaining > 1:
             # limits tells when the oldest hit expires, which frees one slot; this
             # request needs more, and when the others expire is not exposed: the
@@ -260,13 +265,16 @@ class WindowBuckets:
         if backend is None:
             return sync_op()
         strategy = self._async_strategy()
-        if strategy is None:
-            import anyio.to_thread
-
-            with anyio.fail_after(backend.round_trip_bound):
-                return await anyio.to_thread.run_sync(sync_op, abandon_on_cancel=True)
         try:
-            async with asyncio.timeout(backend.timeout):
+            if strategy is None:
+                import anyio.to_thread
+
+                with anyio.fail_after(backend.round_trip_bound):
+                    return await anyio.to_thread.run_sync(sync_op, abandon_on_cancel=True)
+            # A decision is two or three round trips (plus a new connection's handshake):
+            # the round-trip bound, not one timeout, or a Redis 10 ms away never answers
+            # in time and every decision falls back.
+            async with asyncio.timeout(backend.round_trip_bound):
                 return await async_op(strategy)
         except self._errors as exc:
             raise BackendError(f"limits storage failed: {exc!r}") from exc

@@ -246,3 +246,40 @@ async def test_async_callers_reach_a_redis_a_few_milliseconds_away(
         for _ in range(5):
             assert await limiter.try_acquire_async("k")
         assert limiter.statistics().backend_errors == 0
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("algorithm", ["fixed-window", "moving-window"])
+async def test_async_window_decisions_reach_a_redis_a_few_milliseconds_away(
+    redis_server: RedisServer, anyio_backend: str, algorithm: str
+) -> None:
+    """A window decision is two or three round trips: 10 ms late replies at a 50 ms
+    timeout used to exceed a budget of one timeout on asyncio, so every async decision
+    fell back; on trio a worker thread's cut-off escaped as a bare TimeoutError."""
+    from resilience.testing import FaultProxy
+
+    with FaultProxy(redis_server.port) as proxy:
+        proxy.latency = 0.01
+        backend = RedisBackend.from_url(proxy.url("redis", "/0"), timeout=0.05)
+        limiter = rs.RateLimiter("1000/s", backend=backend, algorithm=algorithm, name="far-window")
+        for _ in range(5):
+            assert await limiter.try_acquire_async("k")
+        assert limiter.statistics().backend_errors == 0
+        proxy.latency = 0.5  # now slower than any bound: the failure mode answers
+        assert await limiter.try_acquire_async("k")  # local twin, no exception
+        assert limiter.statistics().fallback_decisions >= 1
+
+
+def test_a_fixed_window_refusal_on_redis_never_says_retry_now(redis_server: RedisServer) -> None:
+    """limits reads a Redis fixed window's expiry in whole seconds (TTL): a refusal near
+    the window's end said retry_after=0.000001, and a max_wait caller spun on Redis
+    (3,701 commands in 0.4 s). retry_after is now an upper bound of at least 0.5 s."""
+    backend = RedisBackend.from_url(redis_server.url, timeout=0.5)
+    limiter = rs.RateLimiter("1/s", backend=backend, algorithm="fixed-window", name="ttl")
+    assert limiter.try_acquire("k")
+    time.sleep(0.6)  # Redis' TTL (real time) now rounds the window's rest down to 0 s
+    refused = limiter.try_acquire("k")
+    assert not refused.allowed
+    assert refused.retry_after >= 0.5
+    time.sleep(refused.retry_after)
+    assert limiter.try_acquire("k")  # waiting it out is enough
