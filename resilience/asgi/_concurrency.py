@@ -18,7 +18,7 @@ from ..errors import BackendError, BulkheadFull, ConfigurationError, ResilienceE
 from ._base import Observed
 from ._events import RequestAdmitted, RequestCompleted
 from ._headers import retry_after_value
-from ._keys import KeyFunction, _as_key, cached_digest
+from ._keys import KeyFunction, _as_key, cached_digest, check_header_name
 from ._problem import REDUCED_CAPACITY, Problem
 from ._rules import UNSET, Matcher, Rule, path_predicate
 from ._types import ASGIApp, Receive, Scope, Send
@@ -63,9 +63,16 @@ def header_priority(
         ConcurrencyLimitMiddleware(app, bulkhead=bulkhead,
                                    priority=header_priority("x-priority", default=5))
     """
+    check_int("minimum", minimum, minimum=-(2**63), maximum=2**63 - 1)
+    check_int("maximum", maximum, minimum=minimum, maximum=2**63 - 1)
     check_int("default", default, minimum=minimum, maximum=maximum)
-    header_bytes = name.lower().encode("latin-1")
-    lowered = {k.lower(): int(v) for k, v in classes.items()}
+    header_bytes = check_header_name("name", name).encode("latin-1")
+    if not isinstance(classes, Mapping):
+        raise ConfigurationError(f"classes must map class names to priorities, got {classes!r}")
+    lowered: dict[str, int] = {
+        str(k).lower(): check_int(f"classes[{k!r}]", v, minimum=minimum, maximum=maximum)
+        for k, v in classes.items()
+    }
 
     def priority(scope: Scope) -> int:
         for key, raw in scope.get("headers", ()):
@@ -152,10 +159,8 @@ class _Plan:
         max_wait: float | None,
         queue: _Queue,
     ) -> None:
-        if not callable(getattr(bulkhead, "acquire_async", None)):
-            raise ConfigurationError(
-                f"bulkhead must be a rs.Bulkhead (with acquire_async), got {bulkhead!r}"
-            )
+        if not isinstance(bulkhead, Bulkhead):
+            raise ConfigurationError(f"bulkhead must be a rs.Bulkhead, got {bulkhead!r}")
         # The acquisition without the bulkhead's own admission event: the middleware
         # reports each request once (RequestAdmitted, with the time it queued).
         # (A subclass that overrides acquire_async keeps its override.)
@@ -183,7 +188,10 @@ class _Plan:
             self.priority: int | None = None
         else:
             self.priority_fn = None
-            self.priority = check_int("priority", priority, minimum=-(2**31), allow_none=True)
+            # The bulkhead's own range: a value it refuses must fail here, not per request.
+            self.priority = check_int(
+                "priority", priority, minimum=-(2**63), maximum=2**63 - 1, allow_none=True
+            )
         self.max_wait: float | None = check_number("max_wait", max_wait, allow_none=True)
         self.queue = queue
 

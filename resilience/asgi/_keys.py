@@ -193,6 +193,13 @@ def client_ip(
         # nginx on 10.0.0.5 appends $remote_addr to X-Forwarded-For
         key = rs.asgi.client_ip(trusted_proxies=["10.0.0.5"])
     """
+    if isinstance(trusted_proxies, str) or trusted_proxies is None:
+        raise ConfigurationError(
+            "trusted_proxies must be a list of addresses or networks, "
+            f"e.g. ['10.0.0.0/8'], got {trusted_proxies!r}"
+        )
+    if not isinstance(header, str):
+        raise ConfigurationError(f"header must be 'x-forwarded-for' or 'forwarded', got {header!r}")
     proxies = [str(p) for p in trusted_proxies]
     trust_unix = "unix" in proxies
     try:
@@ -268,6 +275,18 @@ def client_ip(
 # -- other key functions -----------------------------------------------------------------
 
 
+#: An HTTP field name (RFC 9110 token).
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+
+
+def check_header_name(what: str, name: object) -> str:
+    """``name`` lowered, if it is an HTTP field name; else :class:`ConfigurationError`
+    (a name no request can carry would leave every request unlimited, silently)."""
+    if not isinstance(name, str) or not _TOKEN.fullmatch(name):
+        raise ConfigurationError(f"{what} must be an HTTP header name (a token), got {name!r}")
+    return name.lower()
+
+
 def _first_header(scope: Scope, name: bytes) -> str | None:
     for key, value in scope.get("headers", ()):
         if key == name:
@@ -282,7 +301,9 @@ def header(name: str, *, default: str | None = None) -> Key:
 
         key = rs.asgi.header("x-tenant-id") | rs.asgi.client_ip()
     """
-    lowered = name.lower()
+    lowered = check_header_name("header name", name)
+    if default is not None and not isinstance(default, str):
+        raise ConfigurationError(f"default must be a string or None, got {default!r}")
     name_bytes = lowered.encode("latin-1")
     prefix = f"h:{lowered}:"
 
@@ -307,7 +328,15 @@ def api_key(
 
         key = rs.asgi.api_key() | rs.asgi.client_ip()
     """
-    name_bytes = header.lower().encode("latin-1")
+    name_bytes = check_header_name("header", header).encode("latin-1")
+    if scheme is not None:
+        if not isinstance(scheme, str) or not _TOKEN.fullmatch(scheme.strip()):
+            raise ConfigurationError(
+                f"scheme must be an auth scheme such as 'Bearer', got {scheme!r}"
+            )
+        scheme = scheme.strip()
+    if query_param is not None and (not isinstance(query_param, str) or not query_param):
+        raise ConfigurationError(f"query_param must be a parameter name, got {query_param!r}")
     scheme_prefix = None if scheme is None else scheme.lower() + " "
 
     def by_api_key(scope: Scope) -> str | None:
@@ -341,6 +370,9 @@ def user(scope_key: str = "user") -> Key:
         app.add_middleware(RateLimitMiddleware, limiter=per_user, key=rs.asgi.user())
         app.add_middleware(AuthenticationMiddleware, backend=TokenAuth())
     """
+
+    if not isinstance(scope_key, str) or not scope_key:
+        raise ConfigurationError(f"scope_key must be a scope key such as 'user', got {scope_key!r}")
 
     def by_user(scope: Scope) -> str | None:
         value = scope.get(scope_key)
@@ -395,7 +427,12 @@ def route(templates: Iterable[str] = ()) -> Key:
     """
     from ._rules import compile_pattern
 
-    patterns = [(t, compile_pattern(t)) for t in templates]
+    if isinstance(templates, str):  # one template, not its characters
+        templates = [templates]
+    try:
+        patterns = [(t, compile_pattern(t)) for t in templates]
+    except TypeError:
+        raise ConfigurationError(f"templates must be route templates, got {templates!r}") from None
 
     @functools.lru_cache(maxsize=4096)
     def lookup(app: Any, kind: str, method: str, path: str, root_path: str) -> str:
@@ -443,6 +480,8 @@ def combine(*keys: KeyFunction, sep: str = "|") -> Key:
     """
     if not keys:
         raise ConfigurationError("combine() needs at least one key function")
+    if not isinstance(sep, str):
+        raise ConfigurationError(f"sep must be a string, got {sep!r}")
     parts = tuple(_as_key(k).func for k in keys)
 
     def combined(scope: Scope) -> str | None:

@@ -483,3 +483,14 @@ async def test_a_distributed_bulkhead_bounds_its_queue(redis_server: Any) -> Non
 async def _receive_nothing() -> dict[str, Any]:
     await anyio.sleep_forever()
     raise AssertionError("unreachable")
+
+
+def test_a_bulkhead_or_priority_it_would_refuse_per_request_is_refused_when_built() -> None:
+    """Not a Bulkhead (a limiter has an acquire_async too), or a priority out of the
+    bulkhead's range: a ConfigurationError at construction, not a 500 per request."""
+    from resilience.ratelimit import RateLimiter
+
+    with pytest.raises(ConfigurationError, match="bulkhead"):
+        ConcurrencyLimitMiddleware(ok_app, bulkhead=RateLimiter("1/s"))
+    with pytest.raises(ConfigurationError, match="priority"):
+        ConcurrencyLimitMiddleware(ok_app, bulkhead=Bulkhead(1), priority=10**20)

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from ipaddress import IPv4Address
+from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+import resilience as rs
 from resilience.asgi import api_key, client_ip, combine, digest, first, header, route, user
 from resilience.errors import ConfigurationError
 
@@ -218,3 +220,45 @@ def test_digest_is_stable_and_opaque() -> None:
     assert digest("ip:203.0.113.7") != digest("ip:203.0.113.8")
     assert len(digest("key:" + "x" * 10_000)) == 32
     assert "203" not in digest("ip:203.0.113.7")
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: rs.asgi.header(""),
+        lambda: rs.asgi.header("bad name"),
+        lambda: rs.asgi.header(5),  # type: ignore[arg-type]
+        lambda: rs.asgi.header("x-tenant", default=5),  # type: ignore[arg-type]
+        lambda: rs.asgi.api_key(""),
+        lambda: rs.asgi.api_key("authorization", scheme=""),
+        lambda: rs.asgi.api_key(query_param=5),  # type: ignore[arg-type]
+        lambda: rs.asgi.user(""),
+        lambda: rs.asgi.user(5),  # type: ignore[arg-type]
+        lambda: rs.asgi.client_ip(trusted_proxies="10.0.0.0/8"),  # type: ignore[arg-type]
+        lambda: rs.asgi.client_ip(trusted_proxies=None),  # type: ignore[arg-type]
+        lambda: rs.asgi.combine(rs.asgi.client_ip(), sep=5),  # type: ignore[arg-type]
+        lambda: rs.asgi.header_priority(minimum=0.5),  # type: ignore[arg-type]
+        lambda: rs.asgi.header_priority(minimum=10, maximum=0),
+        lambda: rs.asgi.header_priority(classes={"x": 2.7}),  # type: ignore[dict-item]
+        lambda: rs.asgi.header_priority(classes=None),  # type: ignore[arg-type]
+    ],
+)
+def test_key_and_priority_functions_refuse_what_could_never_match(build: Any) -> None:
+    """A header name no request can carry, or an argument that fails per request, is a
+    ConfigurationError when the function is built (it used to leave every request
+    unlimited, silently, or fail each request with a 500)."""
+    with pytest.raises(rs.ConfigurationError):
+        build()
+
+
+def test_a_trailing_space_in_the_scheme_is_ignored() -> None:
+    """``scheme="Bearer "`` keys bearer tokens like ``scheme="Bearer"`` (it matched none)."""
+    key = rs.asgi.api_key("authorization", scheme="Bearer ")
+    scope = {"type": "http", "headers": [(b"authorization", b"Bearer abc")]}
+    assert key(scope) == "key:abc"
+
+
+def test_route_with_one_template_string() -> None:
+    """``route("/items/{id}")`` is one template, not one template per character."""
+    key = rs.asgi.route("/items/{id}")
+    assert key({"type": "http", "method": "GET", "path": "/items/3"}) == "route:GET /items/{id}"
