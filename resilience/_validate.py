@@ -7,6 +7,7 @@ a bad configuration fails at construction with a message that says how to fix it
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -116,9 +117,26 @@ def check_backoff(value: Any) -> Any:
         raise ConfigurationError(
             f"backoff must be an iterable of delays (see resilience.backoff), got {value!r}"
         )
+    if isinstance(value, str | bytes):
+        raise ConfigurationError(f"backoff must be delays in seconds, not a string: {value!r}")
     if iter(value) is value:
         raise ConfigurationError(
             "backoff must be re-iterable (a list, a tuple or a resilience.backoff "
             f"schedule), not a one-shot iterator or generator: got {value!r}"
         )
+    if isinstance(value, list | tuple):  # known up front: check every delay now
+        for delay in value:
+            check_number("backoff delay", delay, minimum=0.0)
     return value
+
+
+#: An HTTP field name or auth scheme (an RFC 9110 token).
+TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+
+
+def check_header_name(name: str, value: Any) -> str:
+    """``value`` lowered, if it is an HTTP field name (a token); a name no request can
+    carry would silently match nothing, and one httpx refuses fails every request."""
+    if not isinstance(value, str) or not TOKEN.fullmatch(value):
+        raise ConfigurationError(f"{name} must be an HTTP header name (a token), got {value!r}")
+    return value.lower()

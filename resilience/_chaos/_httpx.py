@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from typing import Any
 
 from .._clock import Clock
-from .._http._hosts import split_port
+from .._http._hosts import check_host_patterns, split_port
 from .._validate import check_clock, check_int
 from ..errors import ConfigurationError
 
@@ -242,9 +242,7 @@ class FaultyTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observable)
             raise ConfigurationError(f"inner must be an httpx transport, got {inner!r}")
         specs: list[tuple[Fault, Gate | None]] = []
         self._canned: dict[int, _Canned] = {}
-        for host, host_faults in (hosts or {}).items():
-            if not isinstance(host, str) or not host:
-                raise ConfigurationError(f"hosts keys must be host names, got {host!r}")
+        for host, host_faults in check_host_patterns("hosts", hosts):
             gate = _host_gate(host)
             specs.extend(
                 (fault, gate) for fault in _faults_of(f"hosts[{host!r}]", host_faults, self._canned)

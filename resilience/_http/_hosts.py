@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import heapq
 import threading
-from collections.abc import Callable, Hashable
-from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
+from collections.abc import Callable, Hashable, Mapping
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from .._clock import Clock
 from .._validate import check_int, check_number
+from ..errors import ConfigurationError
 from ._latency import Latencies
 from ._pace import Pace
 
@@ -59,6 +60,31 @@ def split_port(text: str) -> tuple[str, str | None]:
     if port.isdigit() and name and ":" not in name:
         return name, port
     return text, None
+
+
+def check_host_patterns(what: str, hosts: Any) -> list[tuple[str, Any]]:
+    """``hosts`` (a mapping of host names or globs, optionally with ``:port``) as pairs;
+    a pattern with a scheme, a path or spaces could never match a host: refused.
+
+    Example: ``check_host_patterns("hosts", {"*.example.com": policy})``
+    """
+    if hosts is None:
+        return []
+    if not isinstance(hosts, Mapping):
+        raise ConfigurationError(f"{what} must map host names or globs to settings, got {hosts!r}")
+    for pattern in hosts:
+        if (
+            not isinstance(pattern, str)
+            or not pattern
+            or "://" in pattern
+            or "/" in pattern
+            or any(c.isspace() for c in pattern)
+        ):
+            raise ConfigurationError(
+                f"{what} keys must be host names or globs such as 'api.example.com' or "
+                f"'*.example.com:8443' (no scheme, no path), got {pattern!r}"
+            )
+    return list(hosts.items())
 
 
 class Host:

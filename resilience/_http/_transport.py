@@ -28,7 +28,14 @@ from .._events import (
     RetriesExhausted,
     RetryScheduled,
 )
-from .._validate import check_backoff, check_callable, check_clock, check_int, check_number
+from .._validate import (
+    check_backoff,
+    check_callable,
+    check_clock,
+    check_header_name,
+    check_int,
+    check_number,
+)
 from ..breaker import CircuitBreaker
 from ..bulkhead import Bulkhead
 from ..errors import ConfigurationError, RateLimited, Rejected
@@ -49,7 +56,7 @@ from ._config import (
     resolve,
 )
 from ._events import HedgeStarted, HostPaused
-from ._hosts import Host, HostTable, host_key, split_port
+from ._hosts import Host, HostTable, check_host_patterns, host_key, split_port
 from ._latency import Latencies
 from ._responses import HeldStream, aclose_quietly, discard, mentions_signals
 from ._signals import read_signals
@@ -238,12 +245,8 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observab
             "max_server_delay", max_server_delay, strict=True
         )
         self.max_wait: float = check_number("max_wait", max_wait, allow_inf=True)
-        if deadline_header is not None and (
-            not isinstance(deadline_header, str) or not deadline_header.strip()
-        ):
-            raise ConfigurationError(
-                f"deadline_header must be a header name, got {deadline_header!r}"
-            )
+        if deadline_header is not None:
+            check_header_name("deadline_header", deadline_header)
         self._deadline_header = deadline_header
         # Before the policies: a breaker=True keeps its per-host state within these bounds.
         self._hosts: HostTable[Host] = HostTable(
@@ -251,9 +254,7 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observab
         )
         self._default = self._resolve("", HostPolicy(bulkhead, limiter, breaker), (None,) * 3)
         self._overrides: list[tuple[str, Policies]] = []
-        for pattern, policy in (hosts or {}).items():
-            if not isinstance(pattern, str) or not pattern:
-                raise ConfigurationError(f"hosts keys must be host names or globs, got {pattern!r}")
+        for pattern, policy in check_host_patterns("hosts", hosts):
             if not isinstance(policy, HostPolicy):
                 raise ConfigurationError(f"hosts[{pattern!r}] must be a HostPolicy, got {policy!r}")
             self._overrides.append(

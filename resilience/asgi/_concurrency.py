@@ -11,14 +11,14 @@ import anyio
 
 from .._clock import Clock
 from .._events import GLOBAL_LISTENERS, Listener
-from .._validate import check_callable, check_clock, check_int, check_number
+from .._validate import check_callable, check_clock, check_header_name, check_int, check_number
 from ..bulkhead._bulkhead import Bulkhead
 from ..bulkhead._permit import Permit
 from ..errors import BackendError, BulkheadFull, ConfigurationError, ResilienceError
 from ._base import Observed
 from ._events import RequestAdmitted, RequestCompleted
 from ._headers import retry_after_value
-from ._keys import KeyFunction, _as_key, cached_digest, check_header_name
+from ._keys import KeyFunction, _as_key, cached_digest
 from ._problem import REDUCED_CAPACITY, Problem
 from ._rules import UNSET, Matcher, Rule, path_predicate
 from ._types import ASGIApp, Receive, Scope, Send

@@ -20,6 +20,8 @@ from ipaddress import IPv4Address, IPv6Address, ip_address, ip_network
 from typing import Any
 from urllib.parse import parse_qsl
 
+from .._validate import TOKEN as _TOKEN
+from .._validate import check_header_name
 from ..errors import ConfigurationError
 from ._types import Scope
 
@@ -273,18 +275,6 @@ def client_ip(
 
 
 # -- other key functions -----------------------------------------------------------------
-
-
-#: An HTTP field name (RFC 9110 token).
-_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
-
-
-def check_header_name(what: str, name: object) -> str:
-    """``name`` lowered, if it is an HTTP field name; else :class:`ConfigurationError`
-    (a name no request can carry would leave every request unlimited, silently)."""
-    if not isinstance(name, str) or not _TOKEN.fullmatch(name):
-        raise ConfigurationError(f"{what} must be an HTTP header name (a token), got {name!r}")
-    return name.lower()
 
 
 def _first_header(scope: Scope, name: bytes) -> str | None:

@@ -256,6 +256,8 @@ def test_events_name_the_host() -> None:
         ({"faults": [object()]}, "must contain chaos faults"),
         ({"faults": chaos.Result("x")}, "must return an httpx.Response"),
         ({"hosts": {"": chaos.Status()}}, "hosts keys must be host names"),
+        ({"hosts": {"https://a.test": chaos.Status()}}, "no scheme"),  # never matched
+        ({"hosts": [("a.test", chaos.Status())]}, "must map"),
     ],
 )
 def test_bad_arguments(kwargs: dict[str, object], message: str) -> None:

@@ -635,6 +635,13 @@ def test_bulkhead_slot_is_released_when_the_attempt_fails(
         ({"clock": "fake"}, "clock"),
         ({"key": "host"}, "key"),
         ({"deadline_header": ""}, "deadline_header"),
+        ({"deadline_header": "bad name"}, "deadline_header"),  # httpx refuses it per request
+        ({"backoff": "9"}, "string"),  # read as one 9 s delay before
+        ({"backoff": [0.1, -1.0]}, "backoff delay"),
+        ({"backoff": [float("nan")]}, "backoff delay"),
+        ({"hosts": {"https://a.example": HostPolicy(bulkhead=1)}}, "no scheme"),  # never matched
+        ({"hosts": {"a.example/v1": HostPolicy(bulkhead=1)}}, "no scheme"),
+        ({"hosts": [("a", HostPolicy())]}, "must map"),
         ({"hosts": {"a": {"bulkhead": 1}}}, "HostPolicy"),
         ({"hosts": {"a": HostPolicy(bulkhead=-2)}}, "hosts['a'].bulkhead"),
         ({"max_hosts": 0}, "max_hosts"),
