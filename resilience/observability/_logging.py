@@ -32,10 +32,11 @@ from .._events import (
     remove_listener,
 )
 from .._repeats import Repeats
-from .._validate import check_clock, check_number
+from .._validate import check_clock, check_int, check_number
 from ..asgi._events import RequestAdmitted, RequestCompleted
 from ..breaker._events import OutcomeRecorded
 from ..bulkhead._events import BulkheadLeaseLost
+from ..errors import ConfigurationError
 
 __all__ = ["DEFAULT_LEVELS", "TRANSITIONS", "LoggingListener"]
 
@@ -95,9 +96,19 @@ class LoggingListener:
         repeat_interval: float | None = 10.0,
         clock: Clock | None = None,
     ) -> None:
+        if logger is not None and not isinstance(logger, logging.Logger | logging.LoggerAdapter):
+            raise ConfigurationError(
+                f"logger must be a logging.Logger (e.g. logging.getLogger('myapp')), got {logger!r}"
+            )
         self.logger = logging.getLogger("resilience.events") if logger is None else logger
+        if not isinstance(levels, Mapping):
+            raise ConfigurationError(f"levels must map event types to log levels, got {levels!r}")
+        for event_type, level in levels.items():
+            if not (isinstance(event_type, type) and issubclass(event_type, Event)):
+                raise ConfigurationError(f"levels keys must be event types, got {event_type!r}")
+            check_int(f"levels[{event_type.__name__}]", level, minimum=0, maximum=50)
         self._levels = tuple(levels.items())
-        self._default = default_level
+        self._default = check_int("default_level", default_level, minimum=0, maximum=50)
         self.repeat_interval: float | None = (
             None
             if repeat_interval is None

@@ -8,7 +8,7 @@ from typing import Any
 
 from .._events import Event, add_listener, remove_listener
 from ._require import require
-from ._series import DEFAULT_BUCKETS, SERIES, Series, samples
+from ._series import DEFAULT_BUCKETS, SERIES, Series, check_buckets, samples
 
 __all__ = ["OpenTelemetryMetrics"]
 
@@ -47,6 +47,7 @@ class OpenTelemetryMetrics:
     def __init__(
         self, *, meter_provider: Any = None, buckets: Sequence[float] = DEFAULT_BUCKETS
     ) -> None:
+        bounds = check_buckets(buckets)
         metrics_api = require("opentelemetry.metrics", "otel")
         provider = metrics_api.get_meter_provider() if meter_provider is None else meter_provider
         self.meter: Any = provider.get_meter("resilience", _version())
@@ -61,7 +62,7 @@ class OpenTelemetryMetrics:
                     series.name,
                     unit=series.unit,
                     description=series.description,
-                    explicit_bucket_boundaries_advisory=[float(b) for b in buckets],
+                    explicit_bucket_boundaries_advisory=list(bounds),
                 )
             self._instruments[series] = instrument
         self._attributes: dict[tuple[Series, tuple[str, ...]], dict[str, str]] = {}

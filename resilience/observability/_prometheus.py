@@ -19,6 +19,7 @@ from ._series import (
     SERIES,
     WAIT_DURATION,
     Series,
+    check_buckets,
     histogram_quantile,
     samples,
 )
@@ -57,7 +58,7 @@ class PrometheusMetrics:
         client = require("prometheus_client", "prometheus")
         self._client = client
         self.registry: Any = client.CollectorRegistry() if registry is None else registry
-        self.buckets = tuple(float(b) for b in buckets)
+        self.buckets = check_buckets(buckets)
         prefix = f"{namespace}_" if namespace else ""
         self._metrics: dict[Series, Any] = {}
         for series in SERIES:

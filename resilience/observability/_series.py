@@ -13,6 +13,7 @@ the wait-time histogram, any with a bool ``allowed`` the decision counter.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from .._events import (
     StateChanged,
     TimedOut,
 )
+from ..errors import ConfigurationError
 
 __all__ = [
     "CALL_DURATION",
@@ -269,3 +271,21 @@ def histogram_quantile(q: float, bounds: Sequence[float], counts: Sequence[float
             return lower + (upper - lower) * ((rank - cumulative) / count)
         cumulative += count
     return float(bounds[-1]) if bounds else math.nan
+
+
+def check_buckets(buckets: object) -> tuple[float, ...]:
+    """Histogram bucket bounds: finite, strictly increasing, at least one.
+
+    Refused at construction: a bad bound would otherwise fail every histogram event
+    inside the metrics library (OpenTelemetry) or with its own plain ``ValueError``.
+
+    Example: ``check_buckets((0.005, 0.01, 0.1))``
+    """
+    from .._validate import check_number
+
+    if isinstance(buckets, str | bytes) or not isinstance(buckets, Sequence) or not buckets:
+        raise ConfigurationError(f"buckets must be a non-empty list of seconds, got {buckets!r}")
+    bounds = tuple(check_number("bucket bound", b) for b in buckets)
+    if any(later <= earlier for earlier, later in itertools.pairwise(bounds)):
+        raise ConfigurationError(f"buckets must be strictly increasing, got {buckets!r}")
+    return bounds

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -13,6 +14,14 @@ import anyio.lowlevel
 from .._validate import check_number
 
 __all__ = ["FakeClock", "TimerHandle"]
+
+
+def _finite(method: str, value: object) -> float:
+    """``value`` as a float, if a finite real number: NaN would freeze virtual time
+    silently, infinity would end it."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"{method}() needs a finite number of seconds, got {value!r}")
+    return float(value)
 
 
 @dataclass(order=True)
@@ -74,6 +83,7 @@ class FakeClock:
 
         Example: ``clock.advance(1.5)``
         """
+        seconds = _finite("advance", seconds)
         if seconds < 0:
             raise ValueError(f"time never goes back: advance({seconds!r})")
         with self._lock:
@@ -84,6 +94,7 @@ class FakeClock:
 
         Afterwards ``monotonic() == now`` exactly (no rounding from adding differences).
         """
+        now = _finite("set", now)
         with self._lock:
             if now < self._now:
                 raise ValueError(f"time never goes back: set({now!r}) at {self._now!r}")
@@ -100,7 +111,7 @@ class FakeClock:
 
     def sleep(self, seconds: float) -> None:
         """Advance the clock by ``seconds`` at once and return."""
-        seconds = max(float(seconds), 0.0)
+        seconds = max(_finite("sleep", seconds), 0.0)
         self.sleeps.append(seconds)
         self.advance(seconds)
 
@@ -111,7 +122,7 @@ class FakeClock:
         (a :class:`resilience.Timeout`'s deadline) cancels the sleeping task, the clock
         stops at that timer's time and the cancellation is raised there.
         """
-        seconds = max(float(seconds), 0.0)
+        seconds = max(_finite("sleep_async", seconds), 0.0)
         self.sleeps.append(seconds)
         target = self._now + seconds
         while True:
@@ -129,8 +140,9 @@ class FakeClock:
 
         Example: ``handle = clock.call_at(clock.monotonic() + 5, scope.cancel)``
         """
+        when = _finite("call_at", when)
         with self._lock:
-            handle = TimerHandle(float(when), next(self._seq), callback)
+            handle = TimerHandle(when, next(self._seq), callback)
             heapq.heappush(self._timers, handle)
             return handle
 

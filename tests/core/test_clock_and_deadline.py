@@ -60,6 +60,20 @@ async def test_fake_clock_async_sleep_is_instant() -> None:
     assert clock.monotonic() == 3600
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), "1", True])
+def test_fake_clock_refuses_time_that_is_not_a_finite_number(bad: object) -> None:
+    """advance/set/sleep/call_at with NaN (a silent no-op that froze time), infinity (the
+    end of time) or a non-number raise instead; the clock is left as it was."""
+    clock = FakeClock(start=5.0)
+    for method in (clock.advance, clock.set, clock.sleep):
+        with pytest.raises(ValueError, match="finite"):
+            method(bad)  # type: ignore[operator]
+    with pytest.raises(ValueError, match="finite"):
+        clock.call_at(bad, lambda: None)  # type: ignore[arg-type]
+    assert clock.monotonic() == 5.0
+    assert clock.sleeps == []
+
+
 def test_deadlines_only_shrink(fake_clock: FakeClock) -> None:
     """A longer deadline inside a shorter one keeps the shorter."""
     assert rs.time_remaining() is None

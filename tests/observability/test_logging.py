@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -198,3 +199,22 @@ def test_concurrent_threads_lose_no_event() -> None:
     listener(rs.BackendRecovered(policy="limiter"))
     assert len(written) == 2
     assert written[1][1].getMessage().endswith(" left_out={'BackendFallback': 15999}")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "argument"),
+    [
+        ({"logger": "myapp"}, "logger"),  # a name: nothing would ever be logged
+        ({"levels": {rs.CallRejected: "WARNING"}}, "levels"),
+        ({"levels": {rs.RateLimited: logging.WARNING}}, "levels keys"),  # not an event
+        ({"levels": []}, "levels"),
+        ({"default_level": "INFO"}, "default_level"),
+        ({"default_level": None}, "default_level"),
+        ({"default_level": float("nan")}, "default_level"),
+    ],
+)
+def test_bad_logger_and_levels_are_refused(kwargs: dict[str, Any], argument: str) -> None:
+    """Arguments that made every event fail inside the listener (nothing logged, a
+    "listener failed" record instead) are refused when it is built."""
+    with pytest.raises(ConfigurationError, match=argument):
+        LoggingListener(**kwargs)

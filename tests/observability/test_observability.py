@@ -272,3 +272,15 @@ def test_imports_are_lazy() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("buckets", [[1, 0.5], [float("nan")], [float("inf")], [], "12", 5])
+def test_bad_histogram_buckets_are_refused_by_both_adapters(buckets: Any) -> None:
+    """Unsorted, non-finite or empty bounds: a ConfigurationError when the adapter is
+    built (OpenTelemetry used to fail every histogram event inside the listener)."""
+    from resilience.observability import OpenTelemetryMetrics, PrometheusMetrics
+
+    with pytest.raises(rs.ConfigurationError, match="bucket"):
+        PrometheusMetrics(buckets=buckets)
+    with pytest.raises(rs.ConfigurationError, match="bucket"):
+        OpenTelemetryMetrics(buckets=buckets)
