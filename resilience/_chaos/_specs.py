@@ -186,6 +186,8 @@ def lognormal(median: float, sigma: float = 0.5, *, cap: float | None = None) ->
     """
     median = check_number("median", median, strict=True)
     sigma = check_number("sigma", sigma)
+    if sigma > 10:  # exp() of a draw would overflow (a spread of 40 orders of magnitude)
+        raise ConfigurationError(f"sigma must be at most 10, got {sigma!r}")
     cap = check_number("cap", cap, allow_none=True)
     mu = math.log(median)
     return Distribution(
@@ -406,6 +408,12 @@ class Status(Fault):
         Fault.__post_init__(self)
         check_int("code", self.code, minimum=100, maximum=599)
         check_number("retry_after", self.retry_after, allow_none=True)
+        if not isinstance(self.headers, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in self.headers.items()
+        ):
+            raise ConfigurationError(
+                f"headers must map names to values (str), got {self.headers!r}"
+            )
         if not isinstance(self.body, bytes):
             raise ConfigurationError(f"body must be bytes, got {type(self.body).__name__}")
 

@@ -50,7 +50,7 @@ _HELD: ContextVar[tuple[Permit, ...]] = ContextVar("resilience_bulkhead_held", d
 # block's exit finds its own start here (only while sampling, after contention).
 # Each entry names the task or thread whose block it is: a task started inside a sampled
 # block inherits the entry with its context, and must not take it for its own.
-_SAMPLED: ContextVar[tuple[tuple[Bulkhead, float, object], ...]] = ContextVar(
+_SAMPLED: ContextVar[tuple[tuple[Bulkhead, float | None, object], ...]] = ContextVar(
     "resilience_bulkhead_sampled", default=()
 )
 
@@ -404,15 +404,15 @@ class Bulkhead(PolicyBase):
             finally:
                 self._lock.release()
             if free:
-                if n + 1 == self._limit and self._slots.sampling:
-                    self._push_sample()
+                if self._slots.sampling or self._samples_out:
+                    self._push_sample(n + 1 == self._limit)
                 if self._listeners or GLOBAL_LISTENERS:
                     self._report_held(None, 0.0, self._exit_local)
                 return self
             started = self._now()
             self._wait(None, self._default_priority, self.max_wait)
-            if self._slots.sampling:
-                self._push_sample()
+            if self._slots.sampling or self._samples_out:
+                self._push_sample(True)
             if self._listeners or GLOBAL_LISTENERS:
                 self._report_held(None, self._now() - started, self._exit_local)
             return self
@@ -420,9 +420,16 @@ class Bulkhead(PolicyBase):
         _HELD.set((*_HELD.get(), permit))
         return self
 
-    def _push_sample(self) -> None:
-        """Start a hold-time sample for the ``with`` block just entered."""
-        _SAMPLED.set((*_SAMPLED.get(), (self, self._now(), _runner())))
+    def _push_sample(self, filled: bool) -> None:
+        """Mark the ``with`` block just entered: with its start when it filled the last
+        slot (a hold-time sample), else with ``None``.
+
+        While samples are out every block is marked, so that an exit only ever takes
+        its own block's mark: a mark left behind (an async generator closed by another
+        task) then stays under the others instead of passing as a sample.
+        """
+        start = self._now() if filled and self._slots.sampling else None
+        _SAMPLED.set((*_SAMPLED.get(), (self, start, _runner())))
         with self._lock:
             self._samples_out += 1
 
@@ -491,15 +498,15 @@ class Bulkhead(PolicyBase):
             finally:
                 self._lock.release()
             if free:
-                if n + 1 == self._limit and self._slots.sampling:
-                    self._push_sample()
+                if self._slots.sampling or self._samples_out:
+                    self._push_sample(n + 1 == self._limit)
                 if self._listeners or GLOBAL_LISTENERS:
                     self._report_held(None, 0.0, self._exit_local)
                 return self
             started = self._now()
             await self._wait_async(None, self._default_priority, self.max_wait)
-            if self._slots.sampling:
-                self._push_sample()
+            if self._slots.sampling or self._samples_out:
+                self._push_sample(True)
             if self._listeners or GLOBAL_LISTENERS:
                 self._report_held(None, self._now() - started, self._exit_local)
             return self

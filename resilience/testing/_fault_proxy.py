@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import socket
 import struct
 import threading
@@ -97,6 +98,10 @@ async def _half_close(writer: asyncio.StreamWriter) -> bool:
     return True
 
 
+#: A host name, IPv4 or IPv6 address (no spaces, no scheme).
+_HOST = re.compile(r"[A-Za-z0-9._:\[\]-]+")
+
+
 class FaultProxy:
     """A TCP proxy on 127.0.0.1 in front of Redis (or any TCP service), for chaos tests.
 
@@ -144,6 +149,11 @@ class FaultProxy:
         connect_timeout: float = 2.0,
     ) -> None:
         self.target_port: int = check_int("target_port", target_port, minimum=1, maximum=65535)
+        if not isinstance(target_host, str) or not _HOST.fullmatch(target_host):
+            # A host no connection can reach would look exactly like the outage under test.
+            raise ConfigurationError(
+                f"target_host must be a host name or address, got {target_host!r}"
+            )
         self.target_host = target_host
         if host not in _LOOPBACK:
             raise ConfigurationError(f"FaultProxy listens on loopback only, got host={host!r}")

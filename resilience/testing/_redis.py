@@ -13,6 +13,9 @@ import tempfile
 import time
 from typing import Any
 
+from .._validate import check_int
+from ..errors import ConfigurationError
+
 __all__ = ["RedisServer", "RedisUnavailable", "free_port", "resp_command"]
 
 
@@ -98,6 +101,16 @@ class RedisServer:
     """
 
     def __init__(self, *, port: int | None = None, extra_args: tuple[str, ...] = ()) -> None:
+        # Checked first: a bad argument would otherwise surface as "redis-server exited"
+        # at start(), which the pytest plugin turns into a skipped test.
+        if port is not None:
+            check_int("port", port, minimum=1, maximum=65535)
+        args: object = extra_args  # typed as a tuple; callers pass what they pass
+        if isinstance(args, str) or not all(isinstance(a, str) for a in extra_args):
+            raise ConfigurationError(
+                f"extra_args must be a sequence of strings such as ('--maxmemory', '1mb'), "
+                f"got {extra_args!r}"
+            )
         binary = shutil.which("redis-server")
         if binary is None:
             raise RedisUnavailable("redis-server is not on PATH (apt-get install redis-server)")

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 import anyio
 import pytest
@@ -309,6 +310,43 @@ async def test_a_task_started_in_a_sampled_block_does_not_take_its_sample() -> N
     assert refused.value.retry_after < 1.0  # from the 1 s hold, not the child's 100 s
     for permit in permits:
         permit.release()
+
+
+def test_a_block_left_open_by_an_abandoned_async_generator_is_no_sample() -> None:
+    """An async generator holding ``async with bulkhead`` that its consumer abandons is
+    closed later by another task (asyncio's generator finalizer): its mark stays behind
+    in the consumer's context. The consumer's later blocks must not take it for their
+    own (that recorded an hour of idle time as a hold, and retry_after said 1800 s)."""
+    clock = FakeClock()
+    bulkhead = rs.Bulkhead(2, clock=clock)
+
+    async def stream() -> AsyncIterator[int]:
+        async with bulkhead:
+            for item in range(10):
+                yield item
+
+    async def consumer() -> float | None:
+        other = bulkhead.acquire_nowait()
+        with pytest.raises(rs.BulkheadFull):
+            async with bulkhead, bulkhead:
+                pass  # contention: sampling on
+        async for _ in stream():  # fills the last slot: sampled
+            break
+        await asyncio.sleep(0.01)  # the abandoned generator is closed in another task
+        other.release()
+        clock.advance(3600)
+        async with bulkhead:  # a 0-s block
+            pass
+        permits = [bulkhead.acquire_nowait(), bulkhead.acquire_nowait()]
+        with pytest.raises(rs.BulkheadFull) as refused:
+            bulkhead.acquire_nowait()
+        for permit in permits:
+            permit.release()
+        return refused.value.retry_after
+
+    retry_after = asyncio.run(consumer())
+    assert retry_after is None or retry_after < 1.0
+    assert bulkhead.statistics().in_flight == 0
 
 
 # ---------------------------------------------------------------------- waiting (threads)
