@@ -673,12 +673,16 @@ class CircuitBreaker(PolicyBase):
 
     def _leave(self) -> Permit:
         stack = _ENTERED.get()
-        # The innermost block of this breaker (the last entry, unless blocks of several
-        # breakers were entered and exited out of order by hand).
+        # The innermost block of this breaker still open (the last entry, unless blocks
+        # of several breakers were exited out of order by hand). Settled permits are
+        # dropped on the way: a block left open by an abandoned async generator is
+        # exited by another task, in a copy of this context, leaving its permit here.
         for index in range(len(stack) - 1, -1, -1):
-            if stack[index][0] is self:
-                _ENTERED.set(stack[:index] + stack[index + 1 :])
-                return stack[index][1]
+            breaker, permit = stack[index]
+            if breaker is self and not permit.done:
+                kept = tuple(entry for entry in stack[:index] if not entry[1].done)
+                _ENTERED.set(kept + stack[index + 1 :])
+                return permit
         raise RuntimeError(f"{self!r}: exit without a matching enter")
 
     def __enter__(self) -> CircuitBreaker:

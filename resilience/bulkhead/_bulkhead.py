@@ -736,11 +736,19 @@ class Bulkhead(PolicyBase):
         return _check_priority("priority", priority)
 
     def _pop_held(self) -> Permit:
+        """The permit of the innermost ``with`` block of this bulkhead still held.
+
+        Permits already released are dropped on the way: a block left open by an
+        abandoned async generator is exited by another task, in a copy of this context,
+        so its released permit stays here and must not be taken for this block's.
+        """
         held = _HELD.get()
-        if not held:
-            raise RuntimeError("Bulkhead.__exit__ without a matching __enter__")
-        _HELD.set(held[:-1])
-        return held[-1]
+        for index in range(len(held) - 1, -1, -1):
+            permit = held[index]
+            if permit._bulkhead is self and not permit.released:
+                _HELD.set(tuple(p for p in held[:index] if not p.released) + held[index + 1 :])
+                return permit
+        raise RuntimeError("Bulkhead.__exit__ without a matching __enter__")
 
 
 class _NoTimer:

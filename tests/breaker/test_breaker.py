@@ -815,3 +815,35 @@ def test_with_blocks_of_many_breakers_leave_one_context_variable_at_most() -> No
     inner.__exit__(None, None, None)
     with pytest.raises(RuntimeError, match="without a matching enter"):
         inner.__exit__(None, None, None)
+
+
+def test_a_block_left_open_by_an_abandoned_async_generator_keeps_the_pairs_right() -> None:
+    """An async generator holding ``async with breaker`` that its consumer abandons is
+    exited by another task, in a copy of the consumer's context: the consumer's own
+    block must still settle its own permit (it settled the generator's again, and a
+    half-open probe stayed in flight for good: every later call was rejected)."""
+    import asyncio
+    from collections.abc import AsyncIterator
+
+    clock = FakeClock()
+    breaker = CircuitBreaker(
+        failure_rate=None, consecutive_failures=1, open_for=10, half_open_calls=2, clock=clock
+    )
+
+    async def stream() -> AsyncIterator[int]:
+        async with breaker:
+            yield 1
+            yield 2
+
+    async def consumer() -> None:
+        async with breaker:
+            async for _ in stream():
+                break
+            await asyncio.sleep(0.01)  # the abandoned generator is closed in another task
+
+    breaker.open()
+    clock.advance(11)  # half-open: two probes
+    asyncio.run(consumer())
+    assert breaker.statistics().half_open_in_flight == 0  # both probes settled
+    succeed_n(breaker, 3)  # admitted (the generator's probe counted as ignored)
+    assert breaker.state is CircuitState.CLOSED
