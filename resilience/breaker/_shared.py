@@ -193,6 +193,13 @@ class _Hub:
         if empty:
             self.stop()
 
+    def _forget(self) -> None:
+        """Leave the backend -> hub table: this hub holds its backend, so as a value of a
+        table weakly keyed by that backend it would keep both alive for good."""
+        with _Hub._hubs_lock:
+            if _Hub._hubs.get(self.backend) is self:
+                del _Hub._hubs[self.backend]
+
     def _live(self) -> list[SharedState]:
         return [member for group in list(self._members.values()) for member in list(group)]
 
@@ -200,6 +207,7 @@ class _Hub:
         """Stop both threads (they exit within about 0.1 s)."""
         self.stopped = True
         self._stop.set()
+        self._forget()
         self._jobs.put(_STOP)
         for thread in (self._subscriber, self._publisher):
             if thread is not None and thread is not threading.current_thread():
@@ -297,6 +305,7 @@ class _Hub:
         if not members:
             self._stop.set()
             self._jobs.put(_STOP)
+            self._forget()
             return
         for member in members:
             member._poll()

@@ -418,7 +418,10 @@ def test_a_dropped_shared_breaker_is_collected_and_its_threads_stop(
     gc.collect()
     assert gone() is None
     assert wait_for(lambda: set(_breaker_threads()) <= before)
-    backend.close()
+    backend_gone = weakref.ref(backend)  # the stopped hub let go of it too
+    del backend
+    gc.collect()
+    assert backend_gone() is None
 
 
 def test_publishes_of_one_key_coalesce(redis_server: RedisServer) -> None:
