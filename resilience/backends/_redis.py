@@ -241,6 +241,12 @@ class RedisBackend:
         cluster: bool = False,
     ) -> None:
         require_redis()
+        for name, client in (("sync_client", sync_client), ("async_client", async_client)):
+            if client is not None and not callable(getattr(client, "evalsha", None)):
+                raise ConfigurationError(
+                    f"{name} must be a redis-py client (redis.Redis or redis.asyncio.Redis, "
+                    f"or their cluster clients), got {client!r}"
+                )
         if not isinstance(prefix, str) or not prefix or "{" in prefix or "}" in prefix:
             raise ConfigurationError(
                 f"prefix must be a non-empty string without braces: {prefix!r}"
@@ -292,12 +298,19 @@ class RedisBackend:
             backend = RedisBackend.from_url("redis://localhost:6379/0", prefix="api", timeout=0.1)
         """
         timeout = check_number("timeout", timeout, minimum=0.0, strict=True)
+        if not isinstance(url, str) or not url:
+            raise ConfigurationError(
+                f"url must be a Redis URL such as 'redis://host:6379/0', got {url!r}"
+            )
         backend = cls(prefix=prefix, timeout=timeout, url=url, cluster=cluster)
         backend._client_options = client_options
         try:
             backend._sync_client = backend._make_client(asynchronous=False)
-        except ValueError as exc:  # redis-py's word for a malformed URL
-            raise ConfigurationError(f"url {url!r} is not a Redis URL: {exc}") from exc
+            pool = getattr(backend._sync_client, "connection_pool", None)
+            if pool is not None:  # options the connections would refuse at first use
+                pool.connection_class(**pool.connection_kwargs)
+        except (ValueError, TypeError) as exc:  # a malformed URL, an unknown option
+            raise ConfigurationError(f"cannot build a Redis client for {url!r}: {exc}") from exc
         backend._sync_lane = _SyncLane.for_client(backend._sync_client, backend.timeout)
         return backend
 

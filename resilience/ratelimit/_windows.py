@@ -201,7 +201,9 @@ class WindowBuckets:
     def _decision(self, allowed: bool, stats: Any, cost: int) -> Decision:
         reset_after = max(0.0, float(stats.reset_time) - time.time())
         remaining = int(stats.remaining)
-        retry_after = 0.0 if allowed else max(reset_after + self._expiry_slack, 1e-6)
+        retry_after = (
+            0.0 if allowed else max(min(reset_after + self._expiry_slack, self._period), 1e-6)
+        )
         if not allowed and self._moving and cost - remaining > 1:
             # limits tells when the oldest hit expires, which frees one slot; this
             # request needs more, and when the others expire is not exposed: the

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import pytest
 import redis
@@ -226,3 +227,20 @@ def test_finished_event_loops_leave_no_connection_behind(redis_server: RedisServ
             break
         time.sleep(0.05)
     assert ours <= 2
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: RedisBackend(sync_client=5),
+        lambda: RedisBackend(async_client="redis://localhost"),
+        lambda: RedisBackend.from_url(None),  # type: ignore[arg-type]
+        lambda: RedisBackend.from_url("redis://127.0.0.1:6390/0", foo=1),
+    ],
+)
+def test_clients_and_options_are_checked_at_construction(build: Any) -> None:
+    """Not a redis-py client, no URL, or an option redis-py refuses: a ConfigurationError
+    when the backend is built (an AttributeError or TypeError at the first decision
+    used to bypass on_backend_error)."""
+    with pytest.raises(rs.ConfigurationError):
+        build()
