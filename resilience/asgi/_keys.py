@@ -71,6 +71,12 @@ class Key:
     def __or__(self, other: KeyFunction) -> Key:
         return first(self, other)
 
+    def __radd__(self, other: KeyFunction) -> Key:
+        return combine(other, self)
+
+    def __ror__(self, other: KeyFunction) -> Key:
+        return first(other, self)
+
     def __repr__(self) -> str:
         return self.name
 

@@ -61,6 +61,10 @@ def compile_pattern(pattern: str | re.Pattern[str]) -> re.Pattern[str]:
         raise ConfigurationError(
             f"a path pattern must be a non-empty str or re.Pattern, got {pattern!r}"
         )
+    if not pattern.startswith(("/", "*")):  # scope["path"] always starts with "/"
+        raise ConfigurationError(f"a path pattern must start with '/', got {pattern!r}")
+    if pattern.count("{") != pattern.count("}"):
+        raise ConfigurationError(f"unbalanced braces in the path pattern {pattern!r}")
     out: list[str] = []
     position = 0
     for match in _PARAM.finditer(pattern):

@@ -231,3 +231,11 @@ def test_exempt_predicate() -> None:
     assert mixed is not None
     assert mixed("/static/x.js")
     assert not mixed("/api")
+
+
+@pytest.mark.parametrize("pattern", ["items", "/a/{id", "items/*"])
+def test_a_path_pattern_that_could_never_match_is_refused(pattern: str) -> None:
+    """A pattern without its leading slash (scope paths always have one) or with an
+    unbalanced brace matched nothing, silently: refused when the rule is built."""
+    with pytest.raises(ConfigurationError, match="pattern"):
+        Rule(pattern)
