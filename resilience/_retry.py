@@ -13,7 +13,14 @@ from ._clock import Clock
 from ._events import RetriesExhausted, RetryBudgetExhausted, RetryScheduled
 from ._matching import ExceptionFilter, ExceptionMatcher
 from ._policy import PolicyBase
-from ._validate import check_backoff, check_callable, check_clock, check_int, check_number
+from ._validate import (
+    check_backoff,
+    check_bool,
+    check_callable,
+    check_clock,
+    check_int,
+    check_number,
+)
 from .errors import ConfigurationError, Rejected
 from .testing._no_wait import NO_WAIT
 
@@ -104,7 +111,7 @@ class Retry(PolicyBase):
         if budget is not None and not isinstance(budget, RetryBudget):
             raise ConfigurationError(f"budget must be a RetryBudget, got {budget!r}")
         self.budget = budget
-        self.respect_retry_after = bool(respect_retry_after)
+        self.respect_retry_after = check_bool("respect_retry_after", respect_retry_after)
         self._clock = check_clock("clock", clock)
         self._retries = self._recovered = self._exhausted = self._budget_refusals = 0
 

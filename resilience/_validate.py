@@ -140,3 +140,11 @@ def check_header_name(name: str, value: Any) -> str:
     if not isinstance(value, str) or not TOKEN.fullmatch(value):
         raise ConfigurationError(f"{name} must be an HTTP header name (a token), got {value!r}")
     return value.lower()
+
+
+def check_bool(name: str, value: Any) -> bool:
+    """``value`` if it is ``True`` or ``False``: a flag given ``"no"`` or ``0`` is a
+    mistake that ``bool()`` would turn into the opposite of what was meant."""
+    if not isinstance(value, bool):
+        raise ConfigurationError(f"{name} must be True or False, got {value!r}")
+    return value

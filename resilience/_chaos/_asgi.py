@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
 
 from .._clock import Clock
-from .._validate import check_callable, check_clock, check_int, check_number
+from .._validate import check_bool, check_callable, check_clock, check_int, check_number
 from ..errors import ConfigurationError
 from ._core import FaultCore, Plan, new_seed
 from ._shell import FaultStatistics, Observable, emit_plan, sleep_async, statistics_of
@@ -114,7 +114,7 @@ class FaultMiddleware(Observable):
             if items
             else None
         )
-        self._headers = bool(headers)
+        self._headers = check_bool("headers", headers)
         prefix = header_prefix.lower().encode("latin-1")
         self._abort_header = prefix + b"abort-request"
         self._abort_pct_header = prefix + b"abort-request-percentage"

@@ -30,6 +30,7 @@ from .._events import (
 )
 from .._validate import (
     check_backoff,
+    check_bool,
     check_callable,
     check_clock,
     check_header_name,
@@ -240,7 +241,7 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observab
         self._hedging = hedge is not None
         self._hedge_threads: int = check_int("hedge_threads", hedge_threads, minimum=1)
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
-        self._signals = bool(server_signals)
+        self._signals = check_bool("server_signals", server_signals)
         self.max_server_delay: float = check_number(
             "max_server_delay", max_server_delay, strict=True
         )

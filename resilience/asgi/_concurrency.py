@@ -11,7 +11,14 @@ import anyio
 
 from .._clock import Clock
 from .._events import GLOBAL_LISTENERS, Listener
-from .._validate import check_callable, check_clock, check_header_name, check_int, check_number
+from .._validate import (
+    check_bool,
+    check_callable,
+    check_clock,
+    check_header_name,
+    check_int,
+    check_number,
+)
 from ..bulkhead._bulkhead import Bulkhead
 from ..bulkhead._permit import Permit
 from ..errors import BackendError, BulkheadFull, ConfigurationError, ResilienceError
@@ -265,7 +272,7 @@ class ConcurrencyLimitMiddleware(Observed):
         self._clock: Clock = check_clock("clock", clock)
         self.name = name
         self._listeners: list[Listener] = []
-        self._hash = bool(hash_keys)
+        self._hash = check_bool("hash_keys", hash_keys)
         self.retry_after: float = check_number("retry_after", retry_after)
         if isinstance(exempt, str):
             exempt = [exempt]

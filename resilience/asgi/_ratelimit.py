@@ -7,7 +7,7 @@ from re import Pattern
 from typing import Any
 
 from .._events import GLOBAL_LISTENERS, Listener
-from .._validate import check_callable, check_choice, check_int
+from .._validate import check_bool, check_callable, check_choice, check_int
 from ..backends._memory import MemoryBuckets
 from ..errors import BackendError, ConfigurationError
 from ..ratelimit import RateLimiter
@@ -218,8 +218,8 @@ class RateLimitMiddleware(Observed):
         self.app = app
         self.name = name
         self._listeners: list[Listener] = []
-        self.shadow = bool(shadow)
-        self._hash = bool(hash_keys)
+        self.shadow = check_bool("shadow", shadow)
+        self._hash = check_bool("hash_keys", hash_keys)
         headers = check_choice("headers", "none" if headers is None else headers, HEADER_MODES)
         default_key: KeyFunction = client_ip() if key is None else key
         if isinstance(exempt, str):

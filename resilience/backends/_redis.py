@@ -28,7 +28,7 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
-from .._validate import check_number
+from .._validate import check_bool, check_number
 from ..errors import BackendError, ConfigurationError
 
 __all__ = ["PreparedCall", "RedisBackend", "RedisScript", "require_redis"]
@@ -253,7 +253,7 @@ class RedisBackend:
             )
         self.prefix = prefix
         self.timeout: float = check_number("timeout", timeout, minimum=0.0, strict=True)
-        self.cluster = bool(cluster)
+        self.cluster = check_bool("cluster", cluster)
         self._url = url
         self._sync_client = sync_client
         self._async_client = async_client

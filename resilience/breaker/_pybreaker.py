@@ -15,6 +15,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, ParamSpec, TypeVar
 
 from .._policy import PolicyBase
+from .._validate import check_bool
 from ..errors import CircuitOpen, ConfigurationError, Rejected
 from ._events import BreakerStateChanged, OutcomeRecorded
 from ._state import CircuitState
@@ -109,7 +110,7 @@ class PyBreakerPolicy(PolicyBase):
             raise ConfigurationError(f"breaker must be a pybreaker.CircuitBreaker, got {breaker!r}")
         super().__init__(name=name if name is not None else (breaker.name or "pybreaker"))
         self.breaker = breaker
-        self._record_rejected = bool(record_rejected)
+        self._record_rejected = check_bool("record_rejected", record_rejected)
         self._open_state = pybreaker.STATE_OPEN
         self._half_open_state = pybreaker.STATE_HALF_OPEN
         self._breaker_error = pybreaker.CircuitBreakerError

@@ -32,6 +32,9 @@ if TYPE_CHECKING:
 
 __all__ = ["ALGORITHMS", "RateLimiter", "RateLimiterStatistics"]
 
+#: The common cost, compared by identity: only the int 1 skips the cost check.
+_ONE: Final = 1
+
 P = ParamSpec("P")
 T = TypeVar("T")
 
@@ -342,14 +345,14 @@ class RateLimiter(PolicyBase):
     def _decide(self, key: Hashable, cost: int) -> Decision:
         if key is None:
             key = self._key  # the limiter's constant key, if it has one
-        if cost != 1:
+        if cost is not _ONE:  # True and 1.0 equal 1 but are no cost: checked
             self._check_cost(cost)
         return self._count(self._buckets.take(key, cost, 0), key)
 
     async def _decide_async(self, key: Hashable, cost: int) -> Decision:
         if key is None:
             key = self._key
-        if cost != 1:
+        if cost is not _ONE:  # True and 1.0 equal 1 but are no cost: checked
             self._check_cost(cost)
         buckets = self._buckets
         if buckets.local:
@@ -373,7 +376,7 @@ class RateLimiter(PolicyBase):
         """
         if key is None:
             key = self._key  # the limiter's constant key, if it has one
-        if cost != 1:
+        if cost is not _ONE:  # True and 1.0 equal 1 but are no cost: checked
             self._check_cost(cost)
         budget = self._budget_us(max_wait)
         polled = 0.0  # slept asking again (window algorithms, which cannot reserve)
@@ -405,7 +408,7 @@ class RateLimiter(PolicyBase):
         """
         if key is None:
             key = self._key  # the limiter's constant key, if it has one
-        if cost != 1:
+        if cost is not _ONE:  # True and 1.0 equal 1 but are no cost: checked
             self._check_cost(cost)
         budget = self._budget_us(max_wait)
         buckets = self._buckets

@@ -532,3 +532,10 @@ async def test_a_limiter_subclass_is_called_through_its_own_methods(
     assert (await call(app, http_scope(client=("203.0.113.9", 1)))).status == 200
     assert len(keys) == 1
     assert "203.0.113.9" not in str(keys[0])
+
+
+@pytest.mark.parametrize("flag", ["shadow", "hash_keys"])
+def test_flags_must_be_booleans(flag: str) -> None:
+    """``shadow="no"`` is a mistake that bool() would read as True: refused."""
+    with pytest.raises(ConfigurationError, match=flag):
+        RateLimitMiddleware(ok_app, limiter=RateLimiter("1/s"), **{flag: "no"})

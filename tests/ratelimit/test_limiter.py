@@ -442,3 +442,12 @@ def test_a_thread_acting_on_an_older_time_never_over_admits(variant: str) -> Non
     clock.now = 1.5
     admitted.append(limiter.try_acquire("k").allowed)  # t=1.5
     assert sum(admitted) <= 2
+
+
+@pytest.mark.parametrize("cost", [True, 1.0])
+def test_a_cost_that_only_equals_one_is_refused(cost: object) -> None:
+    """``cost=True`` and ``cost=1.0`` equal 1 but are no integer cost: refused like
+    ``cost=2.0`` (they used to be taken as 1, and 1.0 left a float ``remaining``)."""
+    limiter = rs.RateLimiter("10/s")
+    with pytest.raises(rs.ConfigurationError, match="cost"):
+        limiter.try_acquire(cost=cost)  # type: ignore[arg-type]
