@@ -462,8 +462,9 @@ class Bulkhead(PolicyBase):
         tb: TracebackType | None,
     ) -> None:
         if self._remote is None:
-            t0 = self._pop_sample() if self._samples_out else None
-            released = False
+            if self._samples_out and (t0 := self._pop_sample()) is not None:
+                self._give_back(None, t0)  # a timed block: record its hold, release
+                return
             self._lock.acquire()
             try:
                 if not self._queues:
@@ -475,15 +476,10 @@ class Bulkhead(PolicyBase):
                         del in_use[None]
                         if not in_use:
                             in_use.clear()
-                    if t0 is None:
-                        return
-                    released = True
+                    return
             finally:
                 self._lock.release()
-            if not released:
-                self._give_back(None, t0)
-            elif t0 is not None:  # released above: only the sample is left to record
-                self._slots.record_hold(self._now() - t0)
+            self._give_back(None, None)
             return
         self._pop_held().__exit__(exc_type, exc, tb)
 
@@ -521,8 +517,9 @@ class Bulkhead(PolicyBase):
         tb: TracebackType | None,
     ) -> None:
         if self._remote is None:
-            t0 = self._pop_sample() if self._samples_out else None
-            released = False
+            if self._samples_out and (t0 := self._pop_sample()) is not None:
+                self._give_back(None, t0)  # a timed block: record its hold, release
+                return
             self._lock.acquire()
             try:
                 if not self._queues:
@@ -534,15 +531,10 @@ class Bulkhead(PolicyBase):
                         del in_use[None]
                         if not in_use:
                             in_use.clear()
-                    if t0 is None:
-                        return
-                    released = True
+                    return
             finally:
                 self._lock.release()
-            if not released:
-                self._give_back(None, t0)
-            elif t0 is not None:  # released above: only the sample is left to record
-                self._slots.record_hold(self._now() - t0)
+            self._give_back(None, None)
             return
         await self._pop_held().__aexit__(exc_type, exc, tb)
 
