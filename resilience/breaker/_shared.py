@@ -166,9 +166,7 @@ class _Hub:
             if self.stopped:
                 return False
             self._members.setdefault(shared.name, weakref.WeakSet()).add(shared)
-            self.interval = min(
-                (m.sync_interval for m in self._live() if m is not None), default=1.0
-            )
+            self.interval = min((m.sync_interval for m in self._live()), default=1.0)
             if self._subscriber is None:
                 self._subscriber = threading.Thread(
                     target=self._subscribe_loop, name="resilience-breaker-sub", daemon=True
@@ -303,9 +301,7 @@ class _Hub:
             if not members:  # every breaker of this backend is gone
                 self.stopped = True  # under the lock: no register() slips in after
         if not members:
-            self._stop.set()
-            self._jobs.put(_STOP)
-            self._forget()
+            self.stop(timeout=0)  # on the subscriber thread: no waiting for either
             return
         for member in members:
             member._poll()
