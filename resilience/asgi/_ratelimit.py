@@ -11,6 +11,7 @@ from .._validate import check_bool, check_callable, check_choice, check_int
 from ..backends._memory import MemoryBuckets
 from ..errors import BackendError, ConfigurationError
 from ..ratelimit import RateLimiter
+from ..ratelimit._gcra import CostAboveBurst
 from ._base import Observed
 from ._events import RequestAdmitted, ShadowRejected
 from ._headers import HEADER_MODES, HeaderMode, RateLimitHeaders, retry_after_value
@@ -45,7 +46,6 @@ class _Plan:
     """Everything one rule (or the default) needs per request, resolved at construction."""
 
     __slots__ = (
-        "_burst",
         "acquire",
         "admitted_fields",
         "cost",
@@ -106,8 +106,6 @@ class _Plan:
                     "no request could ever be admitted"
                 )
         self.name = name
-        burst = getattr(limiter, "burst", None)
-        self._burst: float | None = burst if isinstance(burst, int | float) else None
         self.headers = RateLimitHeaders(name, limiter, headers)
         # The leanest path: an in-memory token bucket taking one token. The buckets'
         # take_one() returns the ticks until full when admitted (no Decision built), or
@@ -125,16 +123,6 @@ class _Plan:
             QUOTA_EXCEEDED,
             "Request cannot be satisfied as assigned quota has been exceeded",
             extra={"violated-policies": [name]},
-        )
-
-    def above_burst(self, cost: object) -> bool:
-        """Whether a cost function's ``cost`` is a valid cost the burst can never cover."""
-        return (
-            self.cost_fn is not None
-            and self._burst is not None
-            and isinstance(cost, int)
-            and not isinstance(cost, bool)
-            and cost > self._burst
         )
 
 
@@ -358,11 +346,10 @@ class RateLimitMiddleware(Observed):
                     return
                 await self._refuse(scope, send, self._unavailable, [(b"retry-after", b"1")], 1011)
                 return
-            except ConfigurationError:
-                if not plan.above_burst(cost):
-                    raise  # a cost function's bug (a float, a negative cost): loudly
+            except CostAboveBurst:
                 # A request's own cost above the burst can never be admitted: a refusal
-                # without Retry-After, not a 500 a client could trigger at will.
+                # without Retry-After, not a 500 a client could trigger at will (an
+                # invalid cost, a float or a negative one, still fails loudly).
                 await self._too_costly(scope, receive, send, plan, key, cost)
                 return
             if not decision.allowed:

@@ -28,7 +28,7 @@ from typing import NamedTuple
 from ..errors import ConfigurationError, RateLimited
 from ._rate import Rate
 
-__all__ = ["GCRA", "Decision", "make_decision"]
+__all__ = ["GCRA", "CostAboveBurst", "Decision", "make_decision"]
 
 
 class Decision(NamedTuple):
@@ -78,6 +78,11 @@ def _make_decision_factory() -> Callable[[tuple[bool, int, float, float, int, fl
 make_decision = _make_decision_factory()
 
 
+class CostAboveBurst(ConfigurationError):
+    """A valid cost that the burst can never cover (not a malformed one): a request
+    whose own cost is that high can only ever be refused."""
+
+
 class GCRA:
     """The parameters of a GCRA bucket and its pure transition function.
 
@@ -122,7 +127,7 @@ class GCRA:
         if isinstance(cost, bool) or not isinstance(cost, int) or cost < 0:
             raise ConfigurationError(f"cost must be an integer >= 0, got {cost!r}")
         if cost > self.burst:
-            raise ConfigurationError(
+            raise CostAboveBurst(
                 f"cost {cost} exceeds the burst {self.burst}: it can never be admitted"
             )
 
