@@ -19,7 +19,7 @@ from .._validate import (
     check_int,
     check_number,
 )
-from ..bulkhead._bulkhead import Bulkhead
+from ..bulkhead._bulkhead import Bulkhead, _check_priority
 from ..bulkhead._permit import Permit
 from ..errors import BackendError, BulkheadFull, ConfigurationError, ResilienceError
 from ._base import Observed
@@ -70,8 +70,9 @@ def header_priority(
         ConcurrencyLimitMiddleware(app, bulkhead=bulkhead,
                                    priority=header_priority("x-priority", default=5))
     """
-    check_int("minimum", minimum, minimum=-(2**63), maximum=2**63 - 1)
-    check_int("maximum", maximum, minimum=minimum, maximum=2**63 - 1)
+    _check_priority("minimum", minimum)  # the bulkhead's own range
+    if _check_priority("maximum", maximum) < minimum:
+        raise ConfigurationError(f"maximum {maximum} is below minimum {minimum}")
     check_int("default", default, minimum=minimum, maximum=maximum)
     header_bytes = check_header_name("name", name).encode("latin-1")
     if not isinstance(classes, Mapping):
@@ -196,9 +197,7 @@ class _Plan:
         else:
             self.priority_fn = None
             # The bulkhead's own range: a value it refuses must fail here, not per request.
-            self.priority = check_int(
-                "priority", priority, minimum=-(2**63), maximum=2**63 - 1, allow_none=True
-            )
+            self.priority = None if priority is None else _check_priority("priority", priority)
         self.max_wait: float | None = check_number("max_wait", max_wait, allow_none=True)
         self.queue = queue
 
