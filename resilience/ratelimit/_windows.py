@@ -260,9 +260,9 @@ class WindowBuckets:
     async def _run_async(
         self, sync_op: Callable[[], T], async_op: Callable[[Any], Awaitable[T]]
     ) -> T:
-        """``async_op(strategy)`` on this loop's limits.aio strategy, bounded by the
-        backend timeout; else ``sync_op()``: at once in memory, or in a worker thread
-        (trio, Redis Cluster) cut at the backend's round-trip bound."""
+        """``async_op(strategy)`` on this loop's limits.aio strategy, else ``sync_op()``:
+        at once in memory, or in a worker thread (trio, Redis Cluster). Either is cut at
+        the backend's round-trip bound; a failure is a :class:`BackendError`."""
         backend = self._backend
         if backend is None:
             return sync_op()
