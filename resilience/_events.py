@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from ._repeats import Repeats
 
@@ -280,12 +280,9 @@ class Observable:
 
     def __init__(self, name: str | None = None) -> None:
         # Subclasses provide the storage (their own __slots__ or a __dict__).
-        given: Any = name  # typed str | None, but callers are not all type-checked
-        if given is not None and not isinstance(given, str):
-            from .errors import ConfigurationError
+        from ._validate import check_name
 
-            raise ConfigurationError(f"name must be a str (or None), got {name!r}")
-        self.name = name if name is not None else type(self).__name__  # type: ignore[misc]
+        self.name = check_name(name, type(self).__name__)  # type: ignore[misc]
         self._listeners = []  # type: ignore[misc]
 
     def add_listener(self, listener: Listener) -> Listener:

@@ -142,6 +142,16 @@ def check_header_name(name: str, value: Any) -> str:
     return value.lower()
 
 
+def check_name(value: Any, default: str) -> str:
+    """``value`` (or ``default`` for ``None``) if it is a str: a policy's name labels its
+    events and metrics, where a number or a tuple would break exporters much later."""
+    if value is None:
+        return default
+    if not isinstance(value, str):
+        raise ConfigurationError(f"name must be a str (or None), got {value!r}")
+    return value
+
+
 def check_bool(name: str, value: Any) -> bool:
     """``value`` if it is ``True`` or ``False``: a flag given ``"no"`` or ``0`` is a
     mistake that ``bool()`` would turn into the opposite of what was meant."""

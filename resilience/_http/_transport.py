@@ -35,6 +35,7 @@ from .._validate import (
     check_clock,
     check_header_name,
     check_int,
+    check_name,
     check_number,
 )
 from ..breaker import CircuitBreaker
@@ -221,7 +222,7 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observab
             inner, httpx.BaseTransport | httpx.AsyncBaseTransport
         ):
             raise ConfigurationError(f"inner must be an httpx transport, got {inner!r}")
-        self.name: str = name if name is not None else "ResilientTransport"
+        self.name: str = check_name(name, "ResilientTransport")
         self._listeners: list[Listener] = []
         self._clock: Clock = check_clock("clock", clock)
         self._now = self._clock.monotonic

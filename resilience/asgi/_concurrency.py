@@ -17,6 +17,7 @@ from .._validate import (
     check_clock,
     check_header_name,
     check_int,
+    check_name,
     check_number,
 )
 from ..bulkhead._bulkhead import Bulkhead, _check_priority
@@ -269,7 +270,7 @@ class ConcurrencyLimitMiddleware(Observed):
         check_callable("app", app, allow_none=False)
         self.app = app
         self._clock: Clock = check_clock("clock", clock)
-        self.name = name
+        self.name = check_name(name, "ConcurrencyLimitMiddleware")
         self._listeners: list[Listener] = []
         self._hash = check_bool("hash_keys", hash_keys)
         self.retry_after: float = check_number("retry_after", retry_after)

@@ -7,7 +7,7 @@ from re import Pattern
 from typing import Any
 
 from .._events import GLOBAL_LISTENERS, Listener
-from .._validate import check_bool, check_callable, check_choice, check_int
+from .._validate import check_bool, check_callable, check_choice, check_int, check_name
 from ..backends._memory import MemoryBuckets
 from ..errors import BackendError, ConfigurationError
 from ..ratelimit import RateLimiter
@@ -204,7 +204,7 @@ class RateLimitMiddleware(Observed):
     ) -> None:
         check_callable("app", app, allow_none=False)
         self.app = app
-        self.name = name
+        self.name = check_name(name, "RateLimitMiddleware")
         self._listeners: list[Listener] = []
         self.shadow = check_bool("shadow", shadow)
         self._hash = check_bool("hash_keys", hash_keys)

@@ -11,7 +11,7 @@ import anyio
 from .. import _deadline
 from .._clock import Clock
 from .._events import Listener, TimedOut
-from .._validate import check_callable, check_clock, check_number
+from .._validate import check_callable, check_clock, check_name, check_number
 from ..errors import ConfigurationError
 from ._base import Observed
 from ._problem import Problem
@@ -75,7 +75,7 @@ class TimeoutMiddleware(Observed):
                     "(websocket sessions are long-lived by design and pass through)"
                 )
         self._match = matcher if matcher.rules else None
-        self.name = name
+        self.name = check_name(name, "TimeoutMiddleware")
         self._listeners: list[Listener] = []
         self._problem = Problem(
             504, "about:blank", "Gateway Timeout", detail="the request did not complete in time"

@@ -274,6 +274,25 @@ async def test_configuration_errors() -> None:
         RateLimitMiddleware(ok_app, limiter=RateLimiter("5/s"), rules=[Rule("/x", cost=6)])
 
 
+def test_a_middleware_or_transport_name_that_is_not_a_str_is_refused() -> None:
+    """A name labels events and metrics: ``name=5`` fails when built, not in an exporter
+    later; ``None`` means the class's own name."""
+    from resilience.asgi import ConcurrencyLimitMiddleware, TimeoutMiddleware
+    from resilience.httpx import ResilientTransport
+
+    builders: list[Any] = [
+        lambda name: RateLimitMiddleware(ok_app, limiter=RateLimiter("1/s"), name=name),
+        lambda name: ConcurrencyLimitMiddleware(ok_app, bulkhead=rs.Bulkhead(2), name=name),
+        lambda name: TimeoutMiddleware(ok_app, seconds=1, name=name),
+        lambda name: ResilientTransport(name=name),
+    ]
+    for build in builders:
+        with pytest.raises(ConfigurationError, match="name must be a str"):
+            build(5)
+        assert build(None).name == type(build(None)).__name__
+        assert build("edge").name == "edge"
+
+
 async def test_only_rules_limit_when_there_is_no_default_limiter() -> None:
     """With rules only, unmatched requests pass untouched."""
     app = RateLimitMiddleware(ok_app, rules=[Rule("/x", limiter=RateLimiter("1/minute"))])
