@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -25,6 +26,9 @@ from ._series import (
 )
 
 __all__ = ["PrometheusMetrics"]
+
+#: Prometheus's metric-name syntax, which the namespace starts every name with.
+_NAMESPACE = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 
 
 class PrometheusMetrics:
@@ -55,6 +59,13 @@ class PrometheusMetrics:
         namespace: str = "",
         buckets: Sequence[float] = DEFAULT_BUCKETS,
     ) -> None:
+        if not isinstance(namespace, str) or not (
+            namespace == "" or _NAMESPACE.fullmatch(namespace)
+        ):
+            raise ConfigurationError(
+                "namespace must be empty or a Prometheus metric-name prefix "
+                f"([a-zA-Z_:][a-zA-Z0-9_:]*), got {namespace!r}"
+            )
         client = require("prometheus_client", "prometheus")
         self._client = client
         self.registry: Any = client.CollectorRegistry() if registry is None else registry

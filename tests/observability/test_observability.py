@@ -196,6 +196,16 @@ def test_prometheus_namespace_and_shared_registry() -> None:
     assert "svc_" not in a.exposition().decode()
 
 
+@pytest.mark.parametrize("namespace", ["my-app", "9svc", "svc ", 5, None])
+def test_a_namespace_prometheus_would_refuse_fails_as_a_configuration_error(
+    namespace: object,
+) -> None:
+    """A namespace that cannot start a Prometheus metric name is refused by name, before
+    any metric reaches the registry."""
+    with pytest.raises(rs.ConfigurationError, match="namespace"):
+        PrometheusMetrics(namespace=namespace)  # type: ignore[arg-type]
+
+
 def test_opentelemetry_instruments() -> None:
     """Same series as OTel instruments with namespaced attributes and advised buckets."""
     from opentelemetry.sdk.metrics import MeterProvider
