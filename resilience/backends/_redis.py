@@ -302,6 +302,7 @@ class RedisBackend:
             raise ConfigurationError(
                 f"url must be a Redis URL such as 'redis://host:6379/0', got {url!r}"
             )
+        _check_db_path(url)
         backend = cls(prefix=prefix, timeout=timeout, url=url, cluster=cluster)
         backend._client_options = client_options
         try:
@@ -790,3 +791,21 @@ async def _drop(conn: Any) -> None:
         await conn.disconnect(nowait=True)
     except Exception:  # best effort on a connection we abandon
         pass
+
+
+def _check_db_path(url: str) -> None:
+    """Refuse a ``redis://host/<path>`` whose path is not a database number: redis-py
+    ignores such a path and silently uses database 0, perhaps another service's data."""
+    from urllib.parse import unquote, urlsplit
+
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return  # redis-py reports a malformed URL itself
+    if parts.scheme not in ("redis", "rediss"):
+        return
+    db = unquote(parts.path).strip("/")
+    if db and not (db.isascii() and db.isdigit()):
+        raise ConfigurationError(
+            f"the path of {url!r} must be a database number (redis://host:6379/0), got {db!r}"
+        )

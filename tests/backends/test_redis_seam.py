@@ -204,6 +204,15 @@ def test_a_url_that_is_not_a_redis_url_is_a_configuration_error() -> None:
         RedisBackend.from_url("foo://x")
 
 
+@pytest.mark.parametrize("url", ["redis://127.0.0.1:6390/cache", "rediss://h:6390/1x"])
+def test_a_url_path_that_is_not_a_database_number_is_refused(url: str) -> None:
+    """redis-py would ignore such a path and use database 0 (perhaps another service's
+    data): from_url refuses it by name instead."""
+    with pytest.raises(rs.ConfigurationError, match="database number"):
+        RedisBackend.from_url(url)
+    assert RedisBackend.from_url("redis://127.0.0.1:6390/3")._url is not None
+
+
 def test_finished_event_loops_leave_no_connection_behind(redis_server: RedisServer) -> None:
     """``asyncio.run()`` per job, 30 jobs: the clients of closed loops are dropped when
     a new loop needs one, so the process holds one connection, not one per job (each
