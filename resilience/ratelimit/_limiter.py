@@ -218,7 +218,9 @@ class RateLimiter(PolicyBase):
             if windowed:
                 from ._windows import WindowBuckets
 
-                return WindowBuckets.in_memory(self._algorithm, self.rate, name=self.name)
+                return WindowBuckets.in_memory(
+                    self._algorithm, self.rate, name=self.name, max_keys=backend.max_keys
+                )
             return backend.gcra_buckets(self._gcra, self._clock)
         if not isinstance(backend, RedisBackend):
             raise ConfigurationError(

@@ -20,6 +20,7 @@ import functools
 import hashlib
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Hashable
 from typing import Any, TypeVar
 
@@ -63,8 +64,6 @@ def _identifier(key: Hashable) -> str:
     Short text of safe characters stays readable; anything else (long, binary, with a
     separator, user input) is hashed, so it is never pasted raw into a Redis key.
     """
-    if key is None:
-        return "-"
     if isinstance(key, int) and not isinstance(key, bool):
         return str(key)
     if isinstance(key, str) and 0 < len(key) <= _MAX_RAW and _RAW.issuperset(key):
@@ -82,6 +81,9 @@ class WindowBuckets:
 
     Built with :meth:`in_memory` or :meth:`on_redis`. ``take`` records a hit (``cost``
     0 only tests) and reads the window statistics for ``remaining`` and ``reset_after``.
+    The key ``None`` is the limiter's one unkeyed window (no key part in storage, so no
+    key can share it). In memory, at most ``max_keys`` keys are tracked: beyond, the
+    least recently used tenth is cleared (limits' own expiry drops idle windows sooner).
 
     Example::
 
@@ -95,7 +97,9 @@ class WindowBuckets:
         "_errors",
         "_expiry_slack",
         "_item",
+        "_keys",
         "_lock",
+        "_max_keys",
         "_moving",
         "_name",
         "_period",
@@ -113,6 +117,7 @@ class WindowBuckets:
         name: str,
         backend: RedisBackend | None = None,
         local: bool,
+        max_keys: int | None = None,
     ) -> None:
         import limits.strategies
 
@@ -133,6 +138,11 @@ class WindowBuckets:
         # (16 threads on "3/s" admitted 15 in 3 s). In memory, decisions are serialised.
         self._lock = contextlib.nullcontext() if backend is not None else threading.Lock()
         self._async_strategies: dict[asyncio.AbstractEventLoop, Any] = {}
+        # The keys seen in memory, least recently used first (None: no cap, on Redis).
+        self._max_keys = max_keys
+        self._keys: OrderedDict[tuple[str, ...], None] | None = (
+            None if max_keys is None else OrderedDict()
+        )
         errors: tuple[type[BaseException], ...] = (OSError, TimeoutError)
         if backend is not None:
             import limits.errors
@@ -142,11 +152,13 @@ class WindowBuckets:
         self._errors = errors
 
     @classmethod
-    def in_memory(cls, algorithm: str, rate: Rate, *, name: str) -> WindowBuckets:
-        """Windows in process memory (limits' ``MemoryStorage``)."""
+    def in_memory(
+        cls, algorithm: str, rate: Rate, *, name: str, max_keys: int = 100_000
+    ) -> WindowBuckets:
+        """Windows in process memory (limits' ``MemoryStorage``), ``max_keys`` at most."""
         from limits.storage import MemoryStorage
 
-        return cls(algorithm, rate, MemoryStorage(), name=name, local=True)
+        return cls(algorithm, rate, MemoryStorage(), name=name, local=True, max_keys=max_keys)
 
     @classmethod
     def on_redis(
@@ -211,31 +223,49 @@ class WindowBuckets:
             retry_after = self._period
         return Decision(allowed, remaining, retry_after, reset_after, self._item.amount)
 
+    def _identifiers(self, key: Hashable) -> tuple[str, ...]:
+        return (self._name,) if key is None else (self._name, _identifier(key))
+
+    def _track(self, ids: tuple[str, ...]) -> None:
+        """Note ``ids`` as just used; at the cap, clear the least recently used tenth."""
+        keys = self._keys
+        if keys is None or self._max_keys is None:
+            return
+        if ids in keys:
+            keys.move_to_end(ids)
+            return
+        if len(keys) >= self._max_keys:
+            for _ in range(max(self._max_keys // 10, 1)):
+                old, _none = keys.popitem(last=False)
+                self._strategy.clear(self._item, *old)
+        keys[ids] = None
+
     def take(self, key: Hashable, cost: int, max_wait_us: int) -> Decision:
         """One decision (two storage operations: hit or test, then window stats)."""
-        ident = _identifier(key)
+        ids = self._identifiers(key)
         strategy = self._strategy
         try:
             with self._lock:
+                self._track(ids)
                 if cost:
-                    allowed = strategy.hit(self._item, self._name, ident, cost=cost)
+                    allowed = strategy.hit(self._item, *ids, cost=cost)
                 else:
-                    allowed = strategy.test(self._item, self._name, ident)
-                stats = strategy.get_window_stats(self._item, self._name, ident)
+                    allowed = strategy.test(self._item, *ids)
+                stats = strategy.get_window_stats(self._item, *ids)
         except self._errors as exc:
             raise BackendError(f"limits storage failed: {exc!r}") from exc
         return self._decision(allowed, stats, cost)
 
     async def take_async(self, key: Hashable, cost: int, max_wait_us: int) -> Decision:
         """Like :meth:`take` from asyncio (limits.aio) or trio (a worker thread)."""
-        ident = _identifier(key)
+        ids = self._identifiers(key)
 
         async def decide(strategy: Any) -> Decision:
             if cost:
-                allowed = await strategy.hit(self._item, self._name, ident, cost=cost)
+                allowed = await strategy.hit(self._item, *ids, cost=cost)
             else:
-                allowed = await strategy.test(self._item, self._name, ident)
-            stats = await strategy.get_window_stats(self._item, self._name, ident)
+                allowed = await strategy.test(self._item, *ids)
+            stats = await strategy.get_window_stats(self._item, *ids)
             return self._decision(allowed, stats, cost)
 
         return await self._run_async(functools.partial(self.take, key, cost, max_wait_us), decide)
@@ -244,16 +274,19 @@ class WindowBuckets:
         """Clear ``key``'s window (limits' ``clear``); raises ``BackendError``."""
         try:
             with self._lock:
-                self._strategy.clear(self._item, self._name, _identifier(key))
+                ids = self._identifiers(key)
+                self._strategy.clear(self._item, *ids)
+                if self._keys is not None:
+                    self._keys.pop(ids, None)
         except self._errors as exc:
             raise BackendError(f"limits storage failed: {exc!r}") from exc
 
     async def reset_async(self, key: Hashable) -> None:
         """Like :meth:`reset`, from asyncio (limits.aio) or trio (a worker thread)."""
-        ident = _identifier(key)
+        ids = self._identifiers(key)
 
         async def clear(strategy: Any) -> None:
-            await strategy.clear(self._item, self._name, ident)
+            await strategy.clear(self._item, *ids)
 
         await self._run_async(functools.partial(self.reset, key), clear)
 

@@ -80,6 +80,34 @@ def test_names_and_keys_with_separators_never_share_a_window() -> None:
     assert second.take("alice", 1, 0).allowed
 
 
+def test_the_unkeyed_window_is_no_key_s_window() -> None:
+    """The key ``None`` (the limiter's one unkeyed window) used to be stored as "-", so
+    a client keyed "-" spent the unkeyed window's quota."""
+    limiter = rs.RateLimiter("1/min", algorithm="fixed-window")
+    assert limiter.try_acquire("-")
+    assert limiter.try_acquire()
+    assert not limiter.try_acquire()
+    assert not limiter.try_acquire("-")
+
+
+@pytest.mark.parametrize("algorithm", ["fixed-window", "moving-window", "sliding-window"])
+def test_in_memory_windows_keep_at_most_max_keys(algorithm: str) -> None:
+    """MemoryBackend(max_keys=...) caps windows too: 5,000 distinct keys within one
+    window leave at most the cap in limits' storage (least recently used cleared
+    first), and a key in use keeps its count."""
+    limiter = rs.RateLimiter(
+        "2/hour", algorithm=algorithm, backend=rs.backends.MemoryBackend(max_keys=100)
+    )
+    storage = limiter._buckets._strategy.storage  # type: ignore[attr-defined]
+    assert limiter.try_acquire("hot", cost=2)
+    for n in range(5_000):
+        assert limiter.try_acquire(f"client-{n}")
+        assert not limiter.try_acquire("hot")  # used every round: never the one cleared
+    held = {*storage.storage, *storage.events}
+    per_key = 2 if algorithm == "sliding-window" else 1  # this and the previous window
+    assert 90 <= len(held) <= 100 * per_key
+
+
 @pytest.mark.parametrize("algorithm", ["fixed-window", "moving-window", "sliding-window"])
 def test_reset_clears_a_window(algorithm: str) -> None:
     """``reset(key)`` clears that key's window (limits' ``clear``) and no other."""
