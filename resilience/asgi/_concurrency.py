@@ -199,7 +199,9 @@ class _Plan:
             self.priority_fn = None
             # The bulkhead's own range: a value it refuses must fail here, not per request.
             self.priority = None if priority is None else _check_priority("priority", priority)
-        self.max_wait: float | None = check_number("max_wait", max_wait, allow_none=True)
+        self.max_wait: float | None = check_number(
+            "max_wait", max_wait, allow_none=True, allow_inf=True
+        )
         self.queue = queue
 
 
@@ -211,16 +213,16 @@ class ConcurrencyLimitMiddleware(Observed):
     bulkhead's queue for at most ``max_wait`` (default: the bulkhead's), served by
     ``priority`` (lower first: ``0`` interactive before ``10`` batch; an int, a
     ``scope -> int`` such as :func:`header_priority`, or per-route via ``rules``), and
-    FIFO within a priority. The queue is short: bounded in time by ``max_wait`` and in
-    length by ``max_queue`` per key (default ``"auto"``: the bulkhead's
-    ``max_concurrent``, at least 64; ``None``: no length bound). When that many wait, a newcomer
-    more urgent than the least urgent waiter takes its place (the newest of the least
-    urgent class is refused), any other newcomer gets a free slot or is refused at once.
-    A request that does not get in is refused with ``503``,
-    ``Retry-After`` and an ``application/problem+json`` body of type
-    ``temporary-reduced-capacity``. ``key`` makes the cap per key (per client,
-    per tenant); keys are hashed first. Websocket and lifespan scopes pass through
-    unless a rule names them.
+    FIFO within a priority. The queue is short: bounded in time by ``max_wait``
+    (``math.inf`` as for the bulkhead: by length alone) and in length by ``max_queue``
+    per key (default ``"auto"``: the bulkhead's ``max_concurrent``, at least 64;
+    ``None``: no length bound). When that many wait, a newcomer more urgent than the
+    least urgent waiter takes its place (the newest of the least urgent class is
+    refused), any other newcomer gets a free slot or is refused at once. A request that
+    does not get in is refused with ``503``, ``Retry-After`` and an
+    ``application/problem+json`` body of type ``temporary-reduced-capacity``. ``key``
+    makes the cap per key (per client, per tenant); keys are hashed first. Websocket and
+    lifespan scopes pass through unless a rule names them.
 
     Example::
 

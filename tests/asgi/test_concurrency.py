@@ -121,6 +121,27 @@ async def test_a_full_queue_refuses_newcomers_at_once() -> None:
     assert (await call(app, http_scope("/d"))).status == 200
 
 
+async def test_max_wait_inf_waits_like_the_bulkhead_s_own_inf() -> None:
+    """``max_wait=math.inf`` is accepted as the bulkhead itself accepts it (it used to be
+    refused here while ``Bulkhead(max_wait=inf)`` as the default was taken): a queued
+    request waits for a slot however long, the queue's length still bounding it."""
+    import math
+
+    gate = Gate()
+    bulkhead = Bulkhead(1, clock=FakeClock())
+    app = ConcurrencyLimitMiddleware(gate, bulkhead=bulkhead, max_wait=math.inf, max_queue=1)
+    results: dict[str, int] = {}
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(record, app, http_scope("/hold"), results)
+        await wait_for(lambda: gate.entered)
+        tg.start_soon(record, app, http_scope("/a"), results)
+        await wait_for(lambda: bulkhead.statistics().waiting == 1)
+        with anyio.fail_after(5):
+            assert (await call(app, http_scope("/b"))).status == 503
+        gate.release.set()
+    assert results == {"/hold": 200, "/a": 200}
+
+
 async def test_an_urgent_newcomer_displaces_the_newest_least_urgent_waiter() -> None:
     """Queue full of batch (10) requests: an interactive (0) one takes the place of the
     newest batch request, which is refused; an equally urgent newcomer is refused."""
