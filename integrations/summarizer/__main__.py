@@ -123,7 +123,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
 
     demo = commands.add_parser("demo", help="run the chaos demo and write the report")
-    demo.add_argument("--quick", action="store_true", help="short phases (about 100 s in all)")
+    demo.add_argument("--quick", action="store_true", help="short phases (about 85 s in all)")
     demo.add_argument(
         "--duration", type=_positive(float), default=None, help="seconds per resilient run"
     )
