@@ -54,7 +54,7 @@ from .inference import Summarizer
 from .jobs import STAGES, Job, JobTable
 from .policies import Downloads, EventLog, NotFound, UpstreamStatus, retryable
 
-__all__ = ["BadRequest", "Pipeline", "parse_url"]
+__all__ = ["BadRequest", "Pipeline", "canonical_url", "parse_url"]
 
 
 def _save_part(part: Path, chunks: list[bytes], *, append: bool, final: Path | None) -> None:
@@ -101,6 +101,17 @@ def parse_url(url: str, domains: tuple[str, ...]) -> tuple[str, str]:
     if len(path) != 2 or path[0] != "watch" or not path[1].isalnum() or len(path[1]) > 64:
         raise BadRequest(f"not a video URL: {url!r}")
     return parts.hostname, path[1]
+
+
+def canonical_url(domain: str, video_id: str) -> str:
+    """The one spelling of a video's URL that jobs and caches are keyed by.
+
+    Example::
+
+        >>> canonical_url(*parse_url("HTTP://VidHub.test:443//watch/abc/?t=30#x", ("vidhub.test",)))
+        'https://vidhub.test/watch/abc'
+    """
+    return f"https://{domain}/watch/{video_id}"
 
 
 def _retry_after(response: httpx.Response) -> float | None:

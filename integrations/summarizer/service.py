@@ -47,7 +47,7 @@ from .cache import CacheUnavailable, build_cache
 from .config import ServiceConfig
 from .inference import Summarizer
 from .jobs import TtlSet
-from .pipeline import BadRequest, Pipeline, parse_url
+from .pipeline import BadRequest, Pipeline, canonical_url, parse_url
 from .policies import EventLog, build_backend, build_downloads
 
 __all__ = ["Service", "create_app", "create_app_from_env"]
@@ -59,7 +59,8 @@ def _priority(request: Request, body: dict[str, Any]) -> int:
     raw = str(body.get("priority") or request.headers.get("x-priority") or "default").lower()
     if raw in _PRIORITIES:
         return _PRIORITIES[raw]
-    return min(10, max(0, int(raw))) if raw.isdigit() else 5
+    # isdecimal, not isdigit: "²" is a digit that int() refuses (a 500, not a priority).
+    return min(10, max(0, int(raw))) if raw.isascii() and raw.isdecimal() else 5
 
 
 class Service:
@@ -149,6 +150,10 @@ class Service:
             domain, video_id = parse_url(url, self.cfg.domains)
         except (ValueError, KeyError, TypeError, BadRequest) as exc:
             return JSONResponse({"error": str(exc) or "bad request"}, status_code=422)
+        # One spelling per video (scheme, host case, port, query, fragment and slashes
+        # aside): the job table, the caches and the media directory must agree on what
+        # "the same URL" is, or two spellings run two jobs in one directory.
+        url = canonical_url(domain, video_id)
         priority = _priority(request, body)
         if await self.cache.is_missing(url):
             self.api_counts["negative_source_hits"] += 1

@@ -272,3 +272,33 @@ def test_stats_count_only_downloads_holding_a_slot_as_in_flight(make_service, pl
     assert max(in_flight for _, in_flight in seen) <= 1  # ...but one download at a time
     for job_id in ids:
         svc.wait(job_id, timeout=60)
+
+
+def test_spellings_of_one_video_share_one_job_and_its_files(make_service):
+    """Scheme, host case, port, query, fragment and extra slashes aside, a URL names one
+    video: its spellings share the running job (the media directory is per video, and a
+    second job in it used to see the first one's files vanish: degraded or failed)."""
+    svc = make_service(keep_media=False)
+    spellings = [
+        "https://vidhub.test/watch/spelled",
+        "https://vidhub.test/watch/spelled?t=30",
+        "http://VIDHUB.test:443//watch/spelled/#t",
+    ]
+    ids = {svc.submit(url).json().get("id") for url in spellings}
+    assert len(ids) == 1
+    (doc,) = [svc.wait(job_id) for job_id in ids]
+    assert doc["outcome"] == "full"
+    assert doc["url"] == "https://vidhub.test/watch/spelled"
+    cached = svc.submit("https://vidhub.test/watch/spelled?again")
+    assert cached.status_code == 200
+    assert cached.json()["cached"] is True
+
+
+@pytest.mark.parametrize("priority", ["²", "①", "-3", "high"])
+def test_a_priority_that_is_no_number_gets_the_default_not_a_500(make_service, priority):
+    """A priority the service cannot read is the default one: "²" is a Unicode digit that
+    int() refuses, and it used to end the request in a 500."""
+    svc = make_service()
+    body = {"url": "https://vidhub.test/watch/prio", "priority": priority}
+    response = svc.client.post("/summaries", json=body, headers={"x-user": "tester"})
+    assert response.status_code == 202
