@@ -23,6 +23,16 @@ from ._core import BreakerCore, BreakerStatistics, Election, Ticket, _Change
 from ._events import BreakerStateChanged, OutcomeRecorded
 from ._state import CircuitState
 
+#: How much of the traffic a state turns away: a keyed breaker's totals report the most.
+_RESTRICTIVENESS = {
+    CircuitState.FORCED_OPEN: 3,
+    CircuitState.OPEN: 2,
+    CircuitState.HALF_OPEN: 1,
+    CircuitState.CLOSED: 0,
+    CircuitState.METRICS_ONLY: 0,
+    CircuitState.DISABLED: 0,
+}
+
 if TYPE_CHECKING:
     from ..backends._memory import MemoryBackend
     from ..backends._redis import RedisBackend
@@ -757,15 +767,50 @@ class CircuitBreaker(PolicyBase):
     def statistics(self, key: Hashable = None) -> BreakerStatistics:
         """A snapshot of ``key``'s breaker (window counts, rates, counters).
 
+        On a keyed breaker without ``key``: the totals over the keys it holds now (as a
+        keyed bulkhead's), so that every policy and a :class:`~resilience.Pipeline`
+        answer ``statistics()``. Counts and counters are summed, the rates are the
+        summed failures (slow calls) over the summed calls (``None`` below
+        ``min_calls``), ``consecutive_failures`` is the largest, ``state`` is the most
+        restrictive of the keys' states (forced open, open, half-open, then the
+        others; the breaker's default state when it holds no key), and ``retry_after``
+        is the shortest among the keys in that state.
+
         Example::
 
             stats = breaker.statistics()
             print(stats.state, stats.failure_rate, stats.rejected)
         """
+        now = self._now()
+        if self._cores is not None and key is None:
+            return self._totals([core.statistics(now) for _, core in self._cores.items()])
         core = self._peek(key)
         if core is None:
             core = self._new_core(key)  # what a fresh key looks like; not stored
-        return core.statistics(self._now())
+        return core.statistics(now)
+
+    def _totals(self, each: list[BreakerStatistics]) -> BreakerStatistics:
+        if not each:
+            return self._new_core(None).statistics(self._now())
+        state = max((s.state for s in each), key=_RESTRICTIVENESS.__getitem__)
+        calls = sum(s.calls for s in each)
+        failures = sum(s.failures for s in each)
+        slow = sum(s.slow_calls for s in each)
+        enough = calls >= self._config.min_calls and calls > 0
+        waits = [s.retry_after for s in each if s.state is state and s.retry_after is not None]
+        return BreakerStatistics(
+            state=state,
+            calls=calls,
+            failures=failures,
+            slow_calls=slow,
+            failure_rate=failures / calls if enough else None,
+            slow_call_rate=slow / calls if enough else None,
+            consecutive_failures=max(s.consecutive_failures for s in each),
+            rejected=sum(s.rejected for s in each),
+            opened=sum(s.opened for s in each),
+            retry_after=min(waits) if waits else None,
+            half_open_in_flight=sum(s.half_open_in_flight for s in each),
+        )
 
     def _targets(self, key: Hashable, *, sticky: CircuitState | None) -> list[BreakerCore]:
         if self._cores is None or key is not None:

@@ -533,6 +533,36 @@ def test_manual_control_of_keyed_breakers(fake_clock: FakeClock) -> None:
     assert breaker.statistics(key="zzz").state is CircuitState.CLOSED
 
 
+def test_a_keyed_breaker_without_a_key_reports_its_totals(fake_clock: FakeClock) -> None:
+    """statistics() without a key sums a keyed breaker's keys (it used to raise
+    TypeError, and so did the statistics() of any Pipeline holding it): the most
+    restrictive state with its shortest retry_after, rates over the summed calls."""
+    breaker = CircuitBreaker(
+        key=lambda host: host,
+        failure_rate=None,
+        consecutive_failures=2,
+        min_calls=1,
+        open_for=30,
+        clock=fake_clock,
+    )
+    empty = breaker.statistics()
+    assert (empty.state, empty.calls, empty.retry_after) == (CircuitState.CLOSED, 0, None)
+    succeed_n(breaker, 3, "a")
+    fail_n(breaker, 1, "a")
+    fail_n(breaker, 2, "b")  # b opens
+    fake_clock.advance(10)
+    fail_n(breaker, 2, "c")  # c opens later: b half-opens first
+    with pytest.raises(rs.CircuitOpen):
+        breaker.call(ok, "b")
+    totals = breaker.statistics()
+    assert totals.state is CircuitState.OPEN
+    assert totals.retry_after == pytest.approx(20.0)
+    assert (totals.calls, totals.failures) == (4, 1)  # open keys hold no window
+    assert totals.failure_rate == pytest.approx(0.25)
+    assert (totals.opened, totals.rejected, totals.consecutive_failures) == (2, 1, 1)
+    assert rs.Pipeline(rs.Fallback("x"), breaker).statistics() is not None
+
+
 # --------------------------------------------------------------------- shells
 
 
