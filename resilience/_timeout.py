@@ -235,8 +235,10 @@ class Timeout(PolicyBase, ResilienceError, TimeoutError):
                 finally:
                     handle.cancel()
                 if expiry.fired:
-                    # The timer fired as the call finished: take back our cancel request.
+                    # The call caught our cancellation and returned anyway: take back the
+                    # cancel request, and discard the late value as the sync path does.
                     task.uncancel()
+                    raise error(seconds)
                 return result
             finally:
                 if token is not None:
@@ -248,9 +250,10 @@ class Timeout(PolicyBase, ResilienceError, TimeoutError):
         self, seconds: float, fn: Callable[..., Awaitable[T]], args: Any, kwargs: Any
     ) -> T:
         with anyio.CancelScope(deadline=anyio.current_time() + seconds) as scope:
-            return await fn(*args, **kwargs)
-        assert scope.cancelled_caught
-        raise self._error(seconds)
+            result = await fn(*args, **kwargs)
+        if scope.cancel_called:  # cut at the limit, or a late value the call returned anyway
+            raise self._error(seconds)
+        return result
 
     async def _call_fake(
         self, seconds: float, fn: Callable[..., Awaitable[T]], args: Any, kwargs: Any
@@ -261,10 +264,12 @@ class Timeout(PolicyBase, ResilienceError, TimeoutError):
                 self._clock.monotonic() + seconds, scope.cancel
             )
             try:
-                return await fn(*args, **kwargs)
+                result = await fn(*args, **kwargs)
             finally:
                 handle.cancel()
-        raise self._error(seconds)
+        if scope.cancel_called:  # cut at the limit, or a late value the call returned anyway
+            raise self._error(seconds)
+        return result
 
     async def __aenter__(self) -> Timeout:
         seconds = self._budget()
@@ -298,7 +303,9 @@ class Timeout(PolicyBase, ResilienceError, TimeoutError):
         # The scope swallows only the cancellation it caused itself, which becomes
         # rs.Timeout here: nothing the block raised is ever suppressed.
         scope.__exit__(exc_type, exc, tb)
-        if scope.cancelled_caught:
+        # Also a block that caught the cancellation and went on: it ended past the limit,
+        # which the sync ``with`` reports as Timeout too.
+        if scope.cancelled_caught or (exc_type is None and scope.cancel_called):
             raise self._error(seconds)
 
     def statistics(self) -> TimeoutStatistics:

@@ -129,6 +129,46 @@ async def test_outer_cancellation_is_not_turned_into_timeout() -> None:
     assert timeout.statistics().timed_out == 0
 
 
+@pytest.mark.anyio
+@pytest.mark.parametrize("clock", ["real", "fake"])
+async def test_a_call_that_swallows_the_cut_still_times_out(
+    clock: str, fake_clock: FakeClock
+) -> None:
+    """A coroutine that catches the cancellation and returns anyway (a bare ``except:``
+    around its await) returned its late value, uncounted; like the sync path, the late
+    value is discarded: ``rs.Timeout``, counted once, and ``async with`` the same."""
+    timeout = rs.Timeout(0.05, clock=fake_clock if clock == "fake" else None)
+
+    async def nap() -> None:
+        if clock == "fake":
+            await fake_clock.sleep_async(5)
+        else:
+            await anyio.sleep(5)
+
+    @timeout
+    async def swallows() -> str:
+        try:
+            await nap()
+        except BaseException:  # the user's bug this test is about
+            return "late"
+        return "never"
+
+    async def block_swallows() -> None:
+        async with timeout:
+            try:
+                await nap()
+            except BaseException:
+                pass
+
+    with anyio.fail_after(5):
+        with pytest.raises(rs.Timeout):
+            await swallows()
+        with pytest.raises(rs.Timeout):
+            await block_swallows()
+    assert timeout.statistics().timed_out == 2
+    await anyio.sleep(0)  # no cancellation is left pending on the task
+
+
 def test_task_keeps_running_normally_after_an_asyncio_timeout() -> None:
     """After a Timeout on asyncio the task has no pending cancellation left."""
 
