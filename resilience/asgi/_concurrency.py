@@ -26,7 +26,7 @@ from ..errors import BackendError, BulkheadFull, ConfigurationError, ResilienceE
 from ._base import Observed
 from ._events import RequestAdmitted, RequestCompleted
 from ._headers import retry_after_value
-from ._keys import KeyFunction, _as_key, cached_digest
+from ._keys import KeyFunction, _as_key, cached_digest, scope_app_of
 from ._problem import REDUCED_CAPACITY, Problem
 from ._rules import UNSET, Matcher, Rule, path_predicate
 from ._types import ASGIApp, Receive, Scope, Send
@@ -245,6 +245,7 @@ class ConcurrencyLimitMiddleware(Observed):
         "_match",
         "_plans",
         "_problem",
+        "_scope_app",
         "_scope_types",
         "app",
         "name",
@@ -271,6 +272,7 @@ class ConcurrencyLimitMiddleware(Observed):
     ) -> None:
         check_callable("app", app, allow_none=False)
         self.app = app
+        self._scope_app = scope_app_of(app)
         self._clock: Clock = check_clock("clock", clock)
         self.name = check_name(name, "ConcurrencyLimitMiddleware")
         self._listeners: list[Listener] = []
@@ -344,6 +346,8 @@ class ConcurrencyLimitMiddleware(Observed):
         ):
             await self.app(scope, receive, send)
             return
+        if self._scope_app is not None and "app" not in scope:
+            scope["app"] = self._scope_app  # for route(): see scope_app_of
         key: str | None = None
         if plan.key is not None:
             key = plan.key(scope)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import re
+import sys
 from collections.abc import Callable, Iterable
 from ipaddress import IPv4Address, IPv6Address, ip_address, ip_network
 from typing import Any
@@ -410,8 +411,9 @@ def _route_templates(routes: Iterable[Any], scope: Scope, prefix: str = "") -> s
 def route(templates: Iterable[str] = ()) -> Key:
     """Key by route template (``GET /items/{id}``), not by raw path.
 
-    With a Starlette or FastAPI application (found in ``scope["app"]``) the template of
-    the route that will handle the request is used; otherwise the first of
+    With a Starlette or FastAPI application (found in ``scope["app"]``, which the
+    middlewares set first when they wrap the app from outside) the template of the
+    route that will handle the request is used; otherwise the first of
     ``templates`` (``{name}`` one segment, ``{name:path}`` and ``*`` anything) that
     matches. Unmatched paths share one ``<unmatched>`` key, so random URLs cannot
     create keys; with neither routes nor templates the raw path is the key. Results
@@ -462,6 +464,27 @@ def route(templates: Iterable[str] = ()) -> Key:
         return f"route:{method} {template}"
 
     return Key(by_route, "route()")
+
+
+def scope_app_of(app: Any) -> Any:
+    """The Starlette (or FastAPI) application ``app`` is or wraps, else ``None``.
+
+    Such an app sets ``scope["app"]`` to itself on entry, which :func:`route` reads to
+    find the routes. A middleware wrapped around it from outside
+    (``RateLimitMiddleware(app, ...)`` rather than ``app.add_middleware``), directly or
+    through other middlewares (followed by their ``app`` attribute), computes its keys
+    before that happens, so it sets the same value first: the app would set it anyway.
+    """
+    starlette = sys.modules.get("starlette.applications")
+    if starlette is None:
+        return None
+    for _ in range(32):  # a chain of middlewares, each holding the next as .app
+        if isinstance(app, starlette.Starlette):
+            return app
+        app = getattr(app, "app", None)
+        if app is None:
+            return None
+    return None
 
 
 # -- composition -------------------------------------------------------------------------

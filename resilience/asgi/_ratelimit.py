@@ -15,7 +15,7 @@ from ..ratelimit._gcra import CostAboveBurst
 from ._base import Observed
 from ._events import RequestAdmitted, ShadowRejected
 from ._headers import HEADER_MODES, HeaderMode, RateLimitHeaders, retry_after_value
-from ._keys import _DIGESTS, KeyFunction, _as_key, cached_digest, client_ip
+from ._keys import _DIGESTS, KeyFunction, _as_key, cached_digest, client_ip, scope_app_of
 from ._problem import QUOTA_EXCEEDED, REDUCED_CAPACITY, Problem
 from ._rules import UNSET, Matcher, Rule, path_predicate
 from ._types import ASGIApp, Message, Receive, Scope, Send
@@ -175,6 +175,7 @@ class RateLimitMiddleware(Observed):
         "_match",
         "_plans",
         "_quiet",
+        "_scope_app",
         "_scope_types",
         "_simple",
         "_unavailable",
@@ -204,6 +205,7 @@ class RateLimitMiddleware(Observed):
     ) -> None:
         check_callable("app", app, allow_none=False)
         self.app = app
+        self._scope_app = scope_app_of(app)
         self.name = check_name(name, "RateLimitMiddleware")
         self._listeners: list[Listener] = []
         self.shadow = check_bool("shadow", shadow)
@@ -313,6 +315,8 @@ class RateLimitMiddleware(Observed):
         if plan is None:
             await self.app(scope, receive, send)
             return
+        if self._scope_app is not None and "app" not in scope:
+            scope["app"] = self._scope_app  # for route(): see scope_app_of
         key = plan.key(scope)
         if key is None:
             await self.app(scope, receive, send)

@@ -200,6 +200,39 @@ def test_route_from_templates_and_from_starlette() -> None:
     assert key(http_scope("/nope/1", app=app)) == "route:GET <unmatched>"
 
 
+@pytest.mark.anyio
+async def test_route_keys_hold_when_a_middleware_wraps_the_app_from_outside() -> None:
+    """``RateLimitMiddleware(app, ...)`` around a Starlette app (the form the docs show
+    for any ASGI app) runs before Starlette sets ``scope["app"]``: ``route()`` used to
+    fall back to the raw path there, so ``/items/0`` .. ``/items/4`` each had a bucket
+    and a per-endpoint limit never bit. Both middlewares now see the routes."""
+    import httpx
+    from starlette.applications import Starlette
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+
+    from resilience.asgi import ConcurrencyLimitMiddleware, RateLimitMiddleware
+
+    async def endpoint(request: object) -> PlainTextResponse:
+        return PlainTextResponse("ok")
+
+    seen: list[str | None] = []
+    keyed = client_ip() + route()
+
+    def spy(scope: Any) -> str | None:
+        seen.append(keyed(scope))
+        return seen[-1]
+
+    app = Starlette(routes=[Route("/items/{id}", endpoint)])
+    limited = RateLimitMiddleware(app, limiter=rs.RateLimiter("2/hour"), key=keyed)
+    shed = ConcurrencyLimitMiddleware(limited, bulkhead=rs.Bulkhead(4), key=spy)
+    transport = httpx.ASGITransport(app=shed)
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        statuses = [(await client.get(f"/items/{n}")).status_code for n in range(5)]
+    assert statuses == [200, 200, 429, 429, 429]
+    assert set(seen) == {"ip:127.0.0.1|route:GET /items/{id}"}
+
+
 def test_composition() -> None:
     """``+`` combines parts, ``|`` falls back; plain callables compose too."""
     scope = http_scope("/items/1", headers=[("x-api-key", "k")])
