@@ -44,6 +44,9 @@ class ServiceConfig:
     workers: int = 1
     worker_index: int = 0
     keep_media: bool = False
+    #: URLs whose media a degraded or failed job left for a later job to resume, per
+    #: worker; beyond it the least recently ended go (a long outage must not fill the disk).
+    max_leftover_media: int = 1000
 
     # downloads (resilient): per-domain bulkhead, token bucket, breaker, budgeted retries,
     # applied by resilience.httpx.ResilientTransport ("transport") or composed around

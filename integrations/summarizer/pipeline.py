@@ -14,7 +14,9 @@ hundreds of milliseconds, and every request of the service would wait with it.
 Media live in ``<workdir>/worker<index>/<domain>/<video id>``: within a worker one job
 per URL runs at a time (the job table collapses the others) and a later job resumes
 what a failed one fetched; workers sharing a workdir never touch each other's files. A
-full job's media are removed before its URL is free again (unless ``keep_media``).
+full job's media are removed before its URL is free again (unless ``keep_media``); what
+degraded and failed jobs left is kept for ``max_leftover_media`` URLs, the least
+recently ended removed first (a job of such a URL waits for that removal to finish).
 
 When a stage's retries run out, resilient mode retries **that stage alone** after the
 breaker's cool-down (or a jittered pause), within the job's deadline; the stages
@@ -37,6 +39,7 @@ import os
 import random
 import shutil
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -166,6 +169,10 @@ class Pipeline:
         self.workdir.mkdir(parents=True, exist_ok=True)
         #: This worker's media: ``<workdir>/worker<index>/<domain>/<video id>``.
         self.media = self.workdir / f"worker{cfg.worker_index}"
+        # URLs whose media a degraded or failed job left (for a resume), oldest first,
+        # and the removals of those evicted, which a new job of the URL waits for.
+        self._leftovers: OrderedDict[str, Path] = OrderedDict()
+        self._removing: dict[str, asyncio.Task[None]] = {}
         self._rng = random.Random(cfg.worker_index)
         #: Called with each job when it ends (the service feeds its metrics from it).
         self.on_finish: Callable[[Job], None] | None = None
@@ -198,6 +205,9 @@ class Pipeline:
         # failed one left; workers sharing a workdir never touch each other's files.
         directory = self.media / job.domain / job.video_id
         try:
+            removing = self._removing.get(job.url)
+            if removing is not None:  # its leftovers are being removed: not under our feet
+                await asyncio.shield(removing)
             with rs.deadline(self.cfg.job_deadline):
                 await self._stages(job, directory, cached)
         except NotFound:
@@ -217,10 +227,13 @@ class Pipeline:
                 # fetched for the next one to resume.)
                 if job.outcome == "full" and not self.cfg.keep_media:
                     await asyncio.to_thread(shutil.rmtree, directory, ignore_errors=True)
+                    self._leftovers.pop(job.url, None)
             finally:
                 job.finished = time.monotonic()
                 self.counts[job.outcome] = self.counts.get(job.outcome, 0) + 1
                 self.jobs.finish(job)
+                if job.outcome != "full" and not self.cfg.keep_media:
+                    self._left(job.url, directory)  # the URL is free: it may go at once
                 job.emit("done", job.public())
                 if self.on_finish is not None:
                     self.on_finish(job)
@@ -237,6 +250,25 @@ class Pipeline:
                 )
             with contextlib.suppress(Exception):
                 await self.cache.put_result(job.id, job.public())
+
+    def _left(self, url: str, directory: Path) -> None:
+        """Note the media a degraded or failed job of ``url`` left; evict beyond the cap."""
+        self._leftovers[url] = directory
+        self._leftovers.move_to_end(url)
+        while len(self._leftovers) > self.cfg.max_leftover_media:
+            old_url, old_directory = self._leftovers.popitem(last=False)
+            if old_url in self.jobs.running:
+                continue  # its job is using the files; it notes them again when it ends
+            task = asyncio.get_running_loop().create_task(self._remove(old_url, old_directory))
+            self._removing[old_url] = task
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+
+    async def _remove(self, url: str, directory: Path) -> None:
+        try:
+            await asyncio.to_thread(shutil.rmtree, directory, ignore_errors=True)
+        finally:
+            del self._removing[url]
 
     async def _stages(self, job: Job, directory: Path, cached: dict[str, Any] | None) -> None:
         await asyncio.to_thread(directory.mkdir, parents=True, exist_ok=True)

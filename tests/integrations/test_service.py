@@ -302,3 +302,34 @@ def test_a_priority_that_is_no_number_gets_the_default_not_a_500(make_service, p
     body = {"url": "https://vidhub.test/watch/prio", "priority": priority}
     response = svc.client.post("/summaries", json=body, headers={"x-user": "tester"})
     assert response.status_code == 202
+
+
+def test_media_left_by_degraded_jobs_are_kept_for_max_leftover_media_urls(make_service, models):
+    """Degraded and failed jobs leave their media for a resume, but only for the
+    ``max_leftover_media`` most recently ended URLs: a long model outage degrading every
+    job used to keep every job's files for good."""
+    _, mods = models
+    for tier in ("strong", "cheap"):
+        mods.tiers[tier].down = True
+        mods.tiers[tier].down_mode = "503"
+    svc = make_service(max_leftover_media=2, keep_media=False)
+    media = svc.service.pipeline.media / "vidhub.test"
+
+    def settles_on(expected: list[str]) -> list[str]:
+        """The media directories once the job's end (and a removal thread) is through."""
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            held = sorted(p.name for p in media.iterdir())
+            if held == expected:
+                break
+            time.sleep(0.02)
+        return held
+
+    for name in ("left1", "left2", "left3"):
+        doc = svc.wait(svc.submit(f"https://vidhub.test/watch/{name}").json()["id"])
+        assert doc["outcome"] == "degraded"
+    assert settles_on(["left2", "left3"]) == ["left2", "left3"]
+    # a new job of an evicted URL starts afresh and ends like the others
+    doc = svc.wait(svc.submit("https://vidhub.test/watch/left1").json()["id"])
+    assert doc["outcome"] == "degraded"
+    assert settles_on(["left1", "left3"]) == ["left1", "left3"]
