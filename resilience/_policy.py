@@ -66,11 +66,28 @@ def is_generator_function(fn: object) -> bool:
     return inspect.isasyncgenfunction(fn) or inspect.isgeneratorfunction(fn)
 
 
+def is_async_callable(fn: object) -> bool:
+    """Whether calling ``fn`` returns a coroutine to await: an ``async def`` function or
+    method, a ``functools.partial`` of one, or an object whose ``__call__`` is one (a
+    client object, say). A policy must wrap those with an ``async`` wrapper, or it
+    would only time, retry or count the creation of the coroutine."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    if inspect.iscoroutinefunction(fn):
+        return True
+    return (
+        callable(fn)
+        and not inspect.isroutine(fn)
+        and inspect.iscoroutinefunction(type(fn).__call__)
+    )
+
+
 def decorate(policy: Policy, fn: Callable[P, T]) -> Callable[P, T]:
     """Wrap ``fn`` so that every call runs under ``policy``.
 
-    ``async def`` functions get an ``async def`` wrapper that awaits
-    ``policy.call_async``; everything else gets a plain wrapper around ``policy.call``.
+    ``async def`` functions (and other async callables, see :func:`is_async_callable`) get
+    an ``async def`` wrapper that awaits ``policy.call_async``; everything else gets a
+    plain wrapper around ``policy.call``.
     ``classmethod`` and ``staticmethod`` objects are unwrapped, decorated and re-wrapped,
     so the decorator may sit above or below them. Generator functions (sync or async)
     are refused with ``TypeError``: calling one only creates the generator.
@@ -93,7 +110,7 @@ def decorate(policy: Policy, fn: Callable[P, T]) -> Callable[P, T]:
             "(apply the policy to the calls the generator makes, or collect its items "
             "in a function that returns them)"
         )
-    is_async = inspect.iscoroutinefunction(fn)
+    is_async = is_async_callable(fn)
     # A policy may offer a specialised wrapper body (same semantics as call/call_async,
     # fewer layers); it returns None when its configuration needs the general path.
     wrap = getattr(policy, "_wrap", None)

@@ -15,7 +15,7 @@ from .._clock import SYSTEM_CLOCK, Clock
 from .._events import GLOBAL_LISTENERS, CallRejected
 from .._keyed import BoundedMap
 from .._matching import ExceptionFilter
-from .._policy import PolicyBase, is_generator_function
+from .._policy import PolicyBase, is_async_callable, is_generator_function
 from .._validate import check_callable, check_clock, check_int, check_number
 from ..errors import ConfigurationError, Rejected
 from ._config import FAILURE, IGNORE, SUCCESS, BreakerConfig, Outcome
@@ -623,7 +623,7 @@ class CircuitBreaker(PolicyBase):
         failed, succeeded = self._failed, self._succeeded
         listeners = self._listeners  # mutated in place, never rebound
 
-        if inspect.iscoroutinefunction(fn):
+        if is_async_callable(fn):
             guarded_async = self._guarded_async
 
             @functools.wraps(fn)

@@ -9,7 +9,6 @@ emits events. The sync and async shells differ only by ``await``.
 from __future__ import annotations
 
 import functools
-import inspect
 import math
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
@@ -18,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Final, ParamSpec, TypeVar, cast
 from .._clock import Clock
 from .._deadline import clamp
 from .._events import GLOBAL_LISTENERS, CallRejected
-from .._policy import PolicyBase, decorate, is_generator_function
+from .._policy import PolicyBase, decorate, is_async_callable, is_generator_function
 from .._validate import check_callable, check_choice, check_clock, check_int, check_number
 from ..backends._failover import MODES, Failover, FailureMode
 from ..backends._memory import MemoryBackend
@@ -526,7 +525,7 @@ class RateLimiter(PolicyBase):
     def _decorate_unkeyed(self, fn: Callable[P, T], admit_one: Callable[[], float]) -> Any:
         refused, admitted = self._refused, self._report_admission
         listeners = self._listeners  # mutated in place, never rebound
-        if inspect.iscoroutinefunction(fn):
+        if is_async_callable(fn):
             afn = cast(Callable[..., Awaitable[Any]], fn)
 
             @functools.wraps(fn)
@@ -563,7 +562,7 @@ class RateLimiter(PolicyBase):
             def key_fn(*args: Any, **kwargs: Any) -> Hashable:
                 return constant
 
-        if inspect.iscoroutinefunction(fn):
+        if is_async_callable(fn):
             afn = cast(Callable[..., Awaitable[Any]], fn)
 
             @functools.wraps(fn)

@@ -62,6 +62,43 @@ async def test_async_functions_stay_coroutine_functions() -> None:
     assert await ping() == "pong"
 
 
+@pytest.mark.anyio
+async def test_an_async_callable_object_or_partial_is_decorated_as_async() -> None:
+    """An object whose ``__call__`` is ``async def`` (a client object) and a partial of
+    an async function get the async wrapper: each policy sees the awaited work (a
+    retry used to run one attempt, a fallback to miss the error, since the sync
+    wrapper only saw the coroutine being created)."""
+    import functools
+
+    class Client:
+        def __init__(self) -> None:
+            self.calls = 0
+
+        async def __call__(self, url: str) -> int:
+            self.calls += 1
+            raise ConnectionError(url)
+
+    async def fetch(url: str, *, client: Client) -> int:
+        return await client(url)
+
+    for make in (lambda c: c, lambda c: functools.partial(fetch, client=c)):
+        client = Client()
+        retried = rs.Retry(on=ConnectionError, attempts=3, backoff=rs.backoff.constant(0))
+        with pytest.raises(ConnectionError):
+            await retried(make(client))("u")
+        assert client.calls == 3
+        assert await rs.Fallback(-1, on=ConnectionError)(make(Client()))("u") == -1
+        assert await rs.Pipeline(rs.Fallback(-2, on=ConnectionError))(make(Client()))("u") == -2
+        breaker = rs.CircuitBreaker(consecutive_failures=1)
+        with pytest.raises(ConnectionError):
+            await breaker(make(Client()))("u")
+        assert breaker.state is rs.CircuitState.OPEN
+        limiter = rs.RateLimiter("1/minute")
+        with pytest.raises(ConnectionError):
+            await limiter(make(Client()))("u")
+        assert limiter.statistics().admitted == 1
+
+
 def test_methods_of_every_kind() -> None:
     """Instance, class and static methods can be decorated, above or below the builtin."""
     retry = rs.Retry(on=OSError)
