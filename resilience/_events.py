@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from ._repeats import Repeats
 
@@ -190,8 +190,11 @@ class Listener(Protocol):
 #: Listeners that receive every event of every policy. Mutated in place, never rebound.
 GLOBAL_LISTENERS: list[Listener] = []
 
+#: A listener's own type: ``add_listener`` used as a decorator keeps it.
+L = TypeVar("L", bound=Listener)
 
-def add_listener(listener: Listener) -> Listener:
+
+def add_listener(listener: L) -> L:
     """Receive every event of every policy; returns ``listener`` (usable as a decorator).
 
     Example::
@@ -285,7 +288,7 @@ class Observable:
         self.name = check_name(name, type(self).__name__)  # type: ignore[misc]
         self._listeners = []  # type: ignore[misc]
 
-    def add_listener(self, listener: Listener) -> Listener:
+    def add_listener(self, listener: L) -> L:
         """Receive this object's events; returns ``listener`` (usable as a decorator).
 
         Example::

@@ -92,10 +92,12 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    # httpx is optional: import the transport only when it is asked for.
-    if name == "FaultyTransport":
-        from ._chaos._httpx import FaultyTransport
+if not TYPE_CHECKING:  # checkers see FaultyTransport's import above, and no catch-all
 
-        return FaultyTransport
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    def __getattr__(name: str) -> Any:
+        # httpx is optional: import the transport only when it is asked for.
+        if name == "FaultyTransport":
+            from ._chaos._httpx import FaultyTransport
+
+            return FaultyTransport
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
