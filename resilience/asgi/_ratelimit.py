@@ -368,9 +368,10 @@ class RateLimitMiddleware(Observed):
 
         # A plain function returning the server's own awaitable: no extra coroutine per
         # message; only http.response.start is touched, the body streams through as is.
+        # A copy: an app may send one start message (and header list) on every request.
         def send_with_headers(message: Message) -> Awaitable[None]:
             if message["type"] == "http.response.start":
-                message["headers"] = [*message.get("headers", ()), *extra]
+                message = {**message, "headers": [*message.get("headers", ()), *extra]}
             return send(message)
 
         await self.app(scope, receive, send_with_headers)

@@ -107,6 +107,7 @@ class TimeoutMiddleware(Observed):
     ) -> None:
         started = False
         ended = False
+        start_headers: Any = ()
         outer = _deadline.current_deadline()
         entered, token = _deadline.push(seconds, self._clock)
         # Ours to lift when the response completes, unless a sooner outer one stays.
@@ -120,10 +121,11 @@ class TimeoutMiddleware(Observed):
             cancel_scope = anyio.CancelScope(deadline=anyio.current_time() + budget)
 
         async def send_wrapper(message: Message) -> None:
-            nonlocal started, ended
+            nonlocal started, ended, start_headers
             kind = message["type"]
             if kind == "http.response.start":
                 started = True
+                start_headers = message.get("headers", ())
             elif kind == "http.response.body" and not message.get("more_body", False):
                 ended = True
                 # The response is complete: lift the deadline for what runs after it.
@@ -142,14 +144,31 @@ class TimeoutMiddleware(Observed):
             _deadline.pop(token)
             if timer is not None:
                 timer.cancel()
-        if not cancel_scope.cancelled_caught or ended:
+        # cancel_called: also an app that caught the cut and returned anyway; its time ran
+        # out all the same (the server would answer 500 to a response never started).
+        if ended or not (cancel_scope.cancelled_caught or cancel_scope.cancel_called):
             return
         if self._observed:
             self._emit(TimedOut(policy=self.name, key=rule_path, seconds=seconds))
         if not started:
             await self._problem.send(send)
             return
-        try:
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-        except (OSError, RuntimeError):  # the client went away, or the server refused
-            pass
+        if _declares_length(start_headers):
+            # A body shorter than its declared length cannot end cleanly: returning lets
+            # the server close the connection, which tells the client it was cut.
+            return
+        # Bounded: a client that stopped reading blocks the server's send, and must not
+        # hold the request (and any slot outside it) past the deadline for good.
+        with anyio.move_on_after(_END_GRACE):
+            try:
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+            except Exception:  # best effort: the client went away, or the server refused
+                pass
+
+
+#: Seconds the clean end of a cut stream may take to send.
+_END_GRACE = 1.0
+
+
+def _declares_length(headers: Any) -> bool:
+    return any(name.lower() == b"content-length" for name, _ in headers)

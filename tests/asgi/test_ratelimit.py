@@ -347,6 +347,23 @@ async def test_shared_header_lists_are_not_mutated() -> None:
     assert shared == [(b"content-type", b"text/plain")]
 
 
+async def test_a_shared_start_message_is_not_mutated() -> None:
+    """An app sending one prebuilt start message on every request: each response has
+    one pair of fields (they used to pile up in the app's own dict, one pair more per
+    request, and the dict grew for good)."""
+    start = {"type": "http.response.start", "status": 200, "headers": [(b"x-app", b"1")]}
+
+    async def app_with_one_start(scope: Any, receive: Any, send: Any) -> None:
+        await send(start)
+        await send({"type": "http.response.body", "body": b""})
+
+    app = RateLimitMiddleware(app_with_one_start, limiter=limiter_5s(FakeClock()))
+    for _ in range(3):
+        response = await call(app, http_scope())
+        assert [name for name, _ in response.headers].count("ratelimit") == 1
+    assert start["headers"] == [(b"x-app", b"1")]
+
+
 async def test_websocket_and_lifespan_pass_through_untouched() -> None:
     """Non-HTTP scopes reach the app with the very same callables, unlimited."""
     seen: list[tuple[Any, Any, Any]] = []

@@ -120,6 +120,86 @@ async def test_mid_stream_timeout_cancels_the_app_and_ends_the_response() -> Non
     assert sorted(finished) == ["app", "producer"]
 
 
+async def test_an_app_that_swallows_the_cut_still_gets_its_504() -> None:
+    """An app that catches the cancellation and returns without answering: the client
+    gets the 504 and TimedOut is reported (the server used to answer 500, "returned
+    without starting response", and nothing was reported)."""
+    clock = FakeClock()
+    started = anyio.Event()
+
+    async def swallows(scope: Any, receive: Any, send: Any) -> None:
+        started.set()
+        try:
+            await anyio.sleep_forever()
+        except anyio.get_cancelled_exc_class():
+            return
+
+    middleware = TimeoutMiddleware(swallows, seconds=2, clock=clock)
+    events: list[rs.Event] = []
+    middleware.add_listener(events.append)
+    result = await run_until_started(middleware, started, clock, 2)
+    assert result.status == 504
+    assert result.complete
+    assert [type(e).__name__ for e in events] == ["TimedOut"]
+
+
+async def test_a_cut_body_with_a_declared_length_is_left_for_the_server_to_close() -> None:
+    """A stream that declared Content-Length cannot end cleanly when cut: no closing
+    empty body (h11 raised "Too little data for declared Content-Length" out of the
+    middleware); the middleware returns and the server closes the connection."""
+    clock = FakeClock()
+    started = anyio.Event()
+
+    async def sized(scope: Any, receive: Any, send: Any) -> None:
+        headers = [(b"Content-Length", b"100")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": b"x" * 10, "more_body": True})
+        started.set()
+        await anyio.sleep_forever()
+
+    middleware = TimeoutMiddleware(sized, seconds=2, clock=clock)
+    result = await run_until_started(middleware, started, clock, 2)
+    assert result.body == b"x" * 10
+    assert not result.complete
+
+
+async def test_the_end_of_a_cut_stream_to_a_client_that_stopped_reading_is_bounded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A client that stopped reading blocks the server's send: the clean end of a cut
+    stream gives up after a grace period, so the request (and any slot held outside
+    it) ends instead of lasting until the client leaves."""
+    import resilience.asgi._timeout as timeout_module
+
+    monkeypatch.setattr(timeout_module, "_END_GRACE", 0.05)
+    clock = FakeClock()
+    started = anyio.Event()
+    sent: list[dict[str, Any]] = []
+
+    async def blocked_send(message: dict[str, Any]) -> None:
+        sent.append(message)
+        if len(sent) > 2:  # the closing message: the socket buffer is full
+            await anyio.sleep_forever()
+
+    async def streaming(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"1", "more_body": True})
+        started.set()
+        await anyio.sleep_forever()
+
+    async def receive() -> dict[str, Any]:
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    middleware = TimeoutMiddleware(streaming, seconds=2, clock=clock)
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(middleware, http_scope(), receive, blocked_send)
+            await started.wait()
+            clock.advance(2)
+    assert sent[-1] == {"type": "http.response.body", "body": b"", "more_body": False}
+
+
 async def test_deadline_is_lifted_once_the_response_is_complete() -> None:
     """Work after the response (background tasks) is not cut by the timeout."""
     clock = FakeClock()
