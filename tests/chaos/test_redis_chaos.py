@@ -297,6 +297,10 @@ def healthy_first(subject: Subject) -> None:
         )
         assert subject.fleet_works(), "the fleet did not share a trip while healthy"
     else:
+        # The first round trips open connections and load scripts: on a loaded machine
+        # one may overrun the 50 ms timeout and fall back once. Healthy means that calls
+        # settle on Redis, and stay there.
+        wait_for(lambda: "redis" in subject.call(), 5.0, lambda: None)
         for _ in range(5):
             assert "redis" in subject.call()
     assert subject.healthy()
