@@ -17,6 +17,7 @@ errs towards refusing for at most that round trip longer.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Hashable
 from importlib import resources
@@ -129,14 +130,15 @@ class RedisBuckets:
     def _call(self, key: Hashable, cost: int, max_wait_us: int) -> PreparedCall:
         """The packed script run for this decision (cached for the default one)."""
         if cost == 1 and not max_wait_us:
-            call = self._calls.get(key)
+            slot = _slot(key)
+            call = self._calls.get(slot)
             if call is None:
                 call = self._script.prepare(
                     (self._redis_key(key),), (*self._argv, 1, 0, *self._frac)
                 )
                 if len(self._calls) >= _MAX_CACHED_KEYS:
                     self._calls.clear()
-                self._calls[key] = call
+                self._calls[slot] = call
             return call
         return self._script.prepare(
             (self._redis_key(key),), (*self._argv, cost, max_wait_us, *self._frac)
@@ -144,12 +146,13 @@ class RedisBuckets:
 
     def _cached_refusal(self, key: Hashable, cost: int, max_wait_us: int) -> Decision | None:
         """The refusal Redis would give, from the cached ``tat``; None: ask Redis."""
-        tat = self._denied.get(key)
+        tat = self._denied.get(_slot(key))
         if tat is None:
             return None
         fill = tat - self._monotonic()  # the bucket's reset_after now
         if fill <= 0:
-            del self._denied[key]  # full again: nothing left to refuse
+            # Full again: nothing left to refuse (another thread may be dropping it too).
+            self._denied.pop(_slot(key), None)
             return None
         retry_after = fill + cost * self._emission_s - self._tolerance_s
         if retry_after <= 0 or max_wait_us >= retry_after * 1_000_000:
@@ -175,8 +178,10 @@ class RedisBuckets:
         retry_after = -wait_us / 1e6
         denied = self._denied
         if len(denied) >= self.denial_cache_size:
-            denied.pop(next(iter(denied)), None)
-        denied[key] = self._monotonic() + reset_us / 1e6
+            # The oldest entry; threads share the cache, so it may change under us.
+            with contextlib.suppress(StopIteration, RuntimeError, KeyError):
+                del denied[next(iter(denied))]
+        denied[_slot(key)] = self._monotonic() + reset_us / 1e6
         return make_decision((False, remaining, retry_after, reset_us / 1e6, self._burst, 0.0))
 
     def take(self, key: Hashable, cost: int, max_wait_us: int) -> Decision:
@@ -210,14 +215,21 @@ class RedisBuckets:
     def reset(self, key: Hashable) -> None:
         """Delete ``key``'s bucket on Redis (full again for every process); raises
         ``BackendError``. This process's denial cache forgets the key first."""
-        self._denied.pop(key, None)
+        self._denied.pop(_slot(key), None)
         self._delete.run([self._redis_key(key)])
 
     async def reset_async(self, key: Hashable) -> None:
         """Like :meth:`reset`, from asyncio or trio."""
-        self._denied.pop(key, None)
+        self._denied.pop(_slot(key), None)
         await self._delete.run_async([self._redis_key(key)])
 
     def statistics(self) -> dict[str, int]:
         """Round trips and denial-cache hits."""
         return {"round_trips": self.round_trips, "denial_cache_hits": self.denial_cache_hits}
+
+
+def _slot(key: Hashable) -> Hashable:
+    """``key`` as the client-side caches' key: ``1``, ``1.0`` and ``True`` are equal in
+    a dict but name different Redis buckets (``"1"``, ``"1.0"``, ``"True"``), so keys
+    other than text carry their type."""
+    return key if key is None or key.__class__ is str else (key.__class__, key)

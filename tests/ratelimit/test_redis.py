@@ -67,6 +67,39 @@ def test_odd_rates_stay_exact(redis_server: RedisServer) -> None:
     assert refused.reset_after == pytest.approx(1 / 3, abs=0.002)
 
 
+@pytest.mark.parametrize(("rate", "burst"), [("1/year", 4), ("3/year", 12)])
+def test_a_refill_of_years_is_answered_like_in_memory(
+    redis_server: RedisServer, rate: str, burst: int
+) -> None:
+    """A bucket that refills over more than 10^14 us (about 3.2 years): Lua printed such
+    numbers as 1.26144e+14 and the reply failed to parse (a ValueError after the tokens
+    were taken); Redis now answers as memory does."""
+    backend = RedisBackend.from_url(redis_server.url, timeout=1.0)
+    on_redis = rs.RateLimiter(rate, burst=burst, backend=backend, on_backend_error="closed")
+    in_memory = rs.RateLimiter(rate, burst=burst)
+    for limiter in (on_redis, in_memory):
+        assert limiter.try_acquire("k", cost=burst).allowed
+        refused = limiter.try_acquire("k")
+        assert not refused
+        assert refused.reset_after == pytest.approx(126_144_000, abs=1)
+
+
+def test_numeric_keys_keep_their_own_bucket_whatever_the_call_history(
+    redis_server: RedisServer,
+) -> None:
+    """1, 1.0 and True are equal as dict keys but name different Redis buckets: the
+    client-side caches used to serve a cost-1 call of one with the bucket of whichever
+    came first, while other costs used its own."""
+    limiter = rs.RateLimiter(
+        "5/minute", backend=RedisBackend.from_url(redis_server.url, timeout=1.0)
+    )
+    assert limiter.try_acquire(1.0, cost=2).remaining == 3
+    assert limiter.try_acquire(1).remaining == 4
+    assert limiter.try_acquire(1, cost=2).remaining == 2
+    assert limiter.try_acquire(True).remaining == 4
+    assert limiter.try_acquire(1.0, cost=0).remaining == 3
+
+
 def test_reservations_book_exact_slots(redis_server: RedisServer) -> None:
     """With max_wait, successive callers get waits one emission interval apart."""
     clock = FakeClock()  # sleeps are virtual; Redis time is real

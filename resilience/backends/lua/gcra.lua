@@ -8,7 +8,8 @@
 --          emission interval E = eq (+ er/d) us per token, exact (d = the rate's amount),
 --          tolerance T = tq (+ tr/d) us (burst * E), cost tokens, reservation budget.
 --          er d tr are passed only when E is not a whole number of microseconds.
--- returns  "wait_us reset_us" (one short string: the cheapest reply to build and parse)
+-- returns  "wait_us reset_us" (one short string: the cheapest reply to build and parse;
+--          formatted with %d: Lua's own number format turns 1e14 and more into 1e+14)
 --          wait_us >= 0: admitted; a reservation must wait that long (0: none).
 --          wait_us < 0: refused; -wait_us is how long until it could be admitted.
 --          reset_us: time until the bucket is full again (the client derives the
@@ -31,13 +32,13 @@ if ARGV[5] == nil then
   local new = tat + cost * eq
   local wait = new - tq - now
   if wait > max_wait then
-    return -wait .. ' ' .. (tat - now)
+    return string.format('%d %d', -wait, tat - now)
   end
   if cost > 0 then
     redis.call('SET', key, new, 'PX', math.ceil((new - now) / 1000))
   end
   if wait < 0 then wait = 0 end
-  return wait .. ' ' .. (new - now)
+  return string.format('%d %d', wait, new - now)
 end
 
 -- Fractional emission interval: TAT = us + frac/d, kept exact in two integers.
@@ -70,7 +71,7 @@ if wait > max_wait * d then
   if remaining < 0 then remaining = 0 end
   local reset = tat - now
   if frac > 0 then reset = reset + 1 end
-  return -math.ceil(wait / d) .. ' ' .. reset .. ' ' .. remaining
+  return string.format('%d %d %d', -math.ceil(wait / d), reset, remaining)
 end
 
 local reset = new_us - now
@@ -81,4 +82,4 @@ end
 local remaining = floor(((now - new_us + tq) * d + tr - new_frac) / e_ticks)
 if remaining < 0 then remaining = 0 end
 if wait < 0 then wait = 0 end
-return math.ceil(wait / d) .. ' ' .. reset .. ' ' .. remaining
+return string.format('%d %d %d', math.ceil(wait / d), reset, remaining)
