@@ -223,13 +223,32 @@ class LeasePermit(Permit):
 
 
 class _OpenPermit(Permit):
-    """Admitted without a slot (``on_backend_error="open"`` while Redis fails)."""
+    """Admitted without a slot (``on_backend_error="open"`` while Redis fails).
 
-    __slots__ = ()
+    It holds no slot, but it is a call in flight in this process: counted in
+    ``statistics().in_flight`` until released.
+    """
+
+    __slots__ = ("_dist",)
+
+    def __init__(self, dist: Distributed, key: Hashable) -> None:
+        super().__init__(dist.owner, key)
+        self._dist = dist
+        with dist.lock:
+            dist._held[key] = dist._held.get(key, 0) + 1
 
     def release(self) -> None:
-        """Nothing to give back."""
-        self._released = True
+        """No slot to give back; it stops counting as in flight (once)."""
+        dist = self._dist
+        with dist.lock:
+            if self._released:
+                return
+            self._released = True
+            n = dist._held.get(self.key, 0) - 1
+            if n > 0:
+                dist._held[self.key] = n
+            else:
+                dist._held.pop(self.key, None)
 
 
 class _Renewal:
@@ -621,7 +640,7 @@ class Distributed:
         if mode == "closed":
             self.failover.raise_closed()
         if mode == "open" or self.twin is None:
-            return _OpenPermit(self.owner, key)
+            return _OpenPermit(self, key)
         return None
 
     def _degraded(self, key: Hashable, priority: int, max_wait: float) -> Permit:

@@ -103,9 +103,11 @@ class WindowBuckets:
         "_moving",
         "_name",
         "_period",
+        "_sliding",
         "_strategy",
         "_strategy_name",
         "local",
+        "round_trips",
     )
 
     def __init__(
@@ -126,9 +128,12 @@ class WindowBuckets:
         self._strategy = getattr(limits.strategies, self._strategy_name)(storage)
         self._name = _identifier(name)
         self._moving = algorithm == "moving-window"
+        self._sliding = algorithm == "sliding-window"
         self._period = rate.period_us / 1_000_000
         self._backend = backend
         self.local = local
+        #: Storage operations sent to Redis (two per decision: hit or test, then stats).
+        self.round_trips = 0
         # limits reads a Redis fixed window's expiry with TTL: whole seconds, rounded.
         # Half a second more makes retry_after an upper bound (a client that waits it is
         # admitted), and a refusal near the window's end no longer says "retry now".
@@ -216,11 +221,16 @@ class WindowBuckets:
         retry_after = (
             0.0 if allowed else max(min(reset_after + self._expiry_slack, self._period), 1e-6)
         )
-        if not allowed and self._moving and cost - remaining > 1:
-            # limits tells when the oldest hit expires, which frees one slot; this
-            # request needs more, and when the others expire is not exposed: the
-            # window's length is the bound that never sends a client back too early.
-            retry_after = self._period
+        if not allowed and cost - remaining > 1:
+            # limits tells when one slot frees; this request needs more, and when the
+            # others free is not exposed: an upper bound never sends a client back too
+            # early. A moving window's hits all expire within its length. A sliding
+            # window's current count becomes the previous one within a period, and
+            # then decays by cost/amount of itself in period * cost/amount more.
+            if self._moving:
+                retry_after = self._period
+            elif self._sliding:
+                retry_after = self._period * (1 + cost / self._item.amount)
         return Decision(allowed, remaining, retry_after, reset_after, self._item.amount)
 
     def _identifiers(self, key: Hashable) -> tuple[str, ...]:
@@ -244,6 +254,8 @@ class WindowBuckets:
         """One decision (two storage operations: hit or test, then window stats)."""
         ids = self._identifiers(key)
         strategy = self._strategy
+        if self._backend is not None:
+            self.round_trips += 2
         try:
             with self._lock:
                 self._track(ids)
@@ -261,6 +273,7 @@ class WindowBuckets:
         ids = self._identifiers(key)
 
         async def decide(strategy: Any) -> Decision:
+            self.round_trips += 2
             if cost:
                 allowed = await strategy.hit(self._item, *ids, cost=cost)
             else:
@@ -313,6 +326,10 @@ class WindowBuckets:
                 return await async_op(strategy)
         except self._errors as exc:
             raise BackendError(f"limits storage failed: {exc!r}") from exc
+
+    def statistics(self) -> dict[str, int]:
+        """``round_trips``: storage operations sent to Redis (0 in memory)."""
+        return {"round_trips": self.round_trips}
 
     # Every window decision asks the storage: the recovery probe is a plain decision.
     probe = take

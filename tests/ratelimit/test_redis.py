@@ -214,6 +214,9 @@ def test_window_algorithms_on_redis(redis_server: RedisServer, algorithm: str) -
     assert decisions[3].limit == 3
     assert 0 < decisions[3].retry_after <= 60
     assert limiter.try_acquire("other").allowed
+    # Two storage operations per decision (hit or test, then the window's statistics);
+    # statistics() used to say 0.
+    assert limiter.statistics().round_trips == 2 * 5
 
 
 @pytest.mark.anyio

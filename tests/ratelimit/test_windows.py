@@ -65,6 +65,21 @@ def test_a_moving_window_never_sends_a_costly_request_back_too_early() -> None:
     assert 59 < refused_one.retry_after <= 60
 
 
+def test_a_sliding_window_never_sends_a_costly_request_back_too_early() -> None:
+    """A full "4/2s" sliding window and a cost-2 request: limits tells when one slot
+    frees, and waiting that long was refused again. Its retry_after is now the bound
+    period * (1 + cost/amount): the current count turns into the previous one within a
+    period, which then decays by cost/amount of itself in period * cost/amount."""
+    limiter = rs.RateLimiter("4/2s", algorithm="sliding-window")
+    assert limiter.try_acquire(cost=4)
+    refused_two = limiter.try_acquire(cost=2)
+    refused_one = limiter.try_acquire(cost=1)
+    assert not refused_two
+    assert not refused_one
+    assert refused_two.retry_after == pytest.approx(3.0)
+    assert 0 < refused_one.retry_after <= 2.0
+
+
 def test_names_and_keys_with_separators_never_share_a_window() -> None:
     """limits joins name and key with "/": limiter "api" with key "v2/alice" and limiter
     "api/v2" with key "alice" used to count in one window."""
