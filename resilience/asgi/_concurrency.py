@@ -257,7 +257,7 @@ class ConcurrencyLimitMiddleware(Observed):
         self,
         app: ASGIApp,
         *,
-        bulkhead: Any,
+        bulkhead: Bulkhead,
         key: KeyFunction | None = None,
         priority: int | Callable[[Scope], int] | None = None,
         max_wait: float | None = None,

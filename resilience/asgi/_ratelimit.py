@@ -191,7 +191,7 @@ class RateLimitMiddleware(Observed):
         self,
         app: ASGIApp,
         *,
-        limiter: Any = None,
+        limiter: RateLimiter | None = None,
         key: KeyFunction | None = None,
         cost: int | Callable[[Scope], int] = 1,
         headers: HeaderMode | None = "ietf",

@@ -16,10 +16,14 @@ import enum
 import re
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import KW_ONLY, dataclass, fields
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from ..errors import ConfigurationError
 from ._types import Scope
+
+if TYPE_CHECKING:
+    from ..bulkhead import Bulkhead
+    from ..ratelimit import RateLimiter
 
 __all__ = ["UNSET", "Matcher", "Rule", "compile_pattern"]
 
@@ -119,11 +123,11 @@ class Rule:
     methods: Collection[str] | None = None
     scopes: Collection[str] = ("http",)
     exempt: bool = False
-    limiter: Any = UNSET
+    limiter: RateLimiter | _Unset = UNSET
     cost: int | Callable[[Scope], int] | _Unset = UNSET
     key: Callable[[Scope], str | None] | _Unset = UNSET
     policy_name: str | _Unset = UNSET
-    bulkhead: Any = UNSET
+    bulkhead: Bulkhead | _Unset = UNSET
     priority: int | Callable[[Scope], int] | _Unset = UNSET
     max_wait: float | _Unset | None = UNSET
     seconds: float | _Unset | None = UNSET

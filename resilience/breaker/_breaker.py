@@ -9,7 +9,7 @@ import time
 from collections.abc import Awaitable, Callable, Hashable
 from contextvars import ContextVar
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar, cast
 
 from .._clock import SYSTEM_CLOCK, Clock
 from .._events import GLOBAL_LISTENERS, CallRejected
@@ -229,7 +229,7 @@ class CircuitBreaker(PolicyBase):
         *,
         failure_rate: float | None = 0.5,
         window: float = 100,
-        window_type: str = "count",
+        window_type: Literal["count", "time"] = "count",
         buckets: int = 10,
         min_calls: int | None = None,
         slow_call: float | None = None,

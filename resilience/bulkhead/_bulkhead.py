@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, Hashable
 from contextvars import ContextVar
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar
 
 from .. import _deadline
 from .._clock import SYSTEM_CLOCK, Clock
@@ -175,7 +175,7 @@ class Bulkhead(PolicyBase):
         priority: int | Callable[..., int] | None = None,
         on_backend_error: FailureMode = "local",
         local_limit: int | None = None,
-        on_lease_lost: str = "raise",
+        on_lease_lost: Literal["raise", "event"] = "raise",
         clock: Clock | None = None,
         name: str | None = None,
     ) -> None:

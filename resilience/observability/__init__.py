@@ -29,7 +29,7 @@ Example::
 
     LoggingListener().install()
     metrics = PrometheusMetrics().install()
-    app.add_route("/metrics", metrics.asgi_app())
+    app.router.routes.append(Route("/metrics", metrics.asgi_app()))  # Starlette/FastAPI
 """
 
 from ._logging import DEFAULT_LEVELS, TRANSITIONS, LoggingListener

@@ -49,7 +49,7 @@ class PrometheusMetrics:
     Example::
 
         metrics = PrometheusMetrics().install()        # listens to every policy
-        app.add_route("/metrics", metrics.asgi_app())  # Starlette / FastAPI
+        app.router.routes.append(Route("/metrics", metrics.asgi_app()))  # Starlette/FastAPI
     """
 
     def __init__(
@@ -122,7 +122,7 @@ class PrometheusMetrics:
         ``Route("/metrics", metrics.asgi_app())`` serves exactly ``/metrics`` (a mount
         answers ``/metrics`` with a redirect to ``/metrics/``).
 
-        Example: ``app.add_route("/metrics", metrics.asgi_app())``
+        Example: ``Starlette(routes=[Route("/metrics", metrics.asgi_app())])``
         """
         return _ExpositionApp(self._client.make_asgi_app(registry=self.registry))
 

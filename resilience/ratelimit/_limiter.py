@@ -12,7 +12,7 @@ import functools
 import math
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, ParamSpec, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Final, Literal, ParamSpec, TypeVar, cast
 
 from .._clock import Clock
 from .._deadline import clamp
@@ -154,7 +154,9 @@ class RateLimiter(PolicyBase):
         backend: MemoryBackend | RedisBackend | None = None,
         on_backend_error: FailureMode = "local",
         max_wait: float = 0.0,
-        algorithm: str = "token-bucket",
+        algorithm: Literal["token-bucket", "fixed-window", "moving-window", "sliding-window"] = (
+            "token-bucket"
+        ),
         local_rate: Rate | str | None = None,
         clock: Clock | None = None,
         name: str | None = None,
