@@ -71,7 +71,8 @@ class RetryScheduled(Event):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RetriesExhausted(Event):
     """The last attempt failed; ``reason`` is ``"attempts"``, ``"deadline"``, ``"budget"``
-    or (the httpx transport) ``"max_wait"``: a server pause would hold the retry longer.
+    or (the httpx transport) ``"max_wait"``: a server pause would hold the retry longer,
+    or ``"rejected"``: its limiter, bulkhead or breaker refused the retry before sending.
 
     Example: ``retry.add_listener(lambda e: alert(e.reason))``
     """

@@ -38,7 +38,7 @@ from .._validate import (
     check_name,
     check_number,
 )
-from ..breaker import CircuitBreaker
+from ..breaker import CircuitBreaker, CircuitState
 from ..bulkhead import Bulkhead
 from ..errors import ConfigurationError, RateLimited, Rejected
 from ..ratelimit import Rate, RateLimiter
@@ -349,11 +349,13 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observab
             )
         return wait
 
-    def _prepare(self, request: httpx.Request) -> None:
-        """Clamp the attempt's timeouts to the ambient deadline (and forward it)."""
+    def _prepare(self, request: httpx.Request) -> httpx.Request:
+        """The request this attempt sends: ``request`` itself, or within a deadline a copy
+        whose timeouts are clamped to it (and which forwards it). The caller's request is
+        never changed: it may be sent again, with no deadline or another one."""
         remaining = _deadline.time_remaining()
         if remaining is None:
-            return
+            return request
         if remaining <= 0:
             raise httpx.TimeoutException(
                 "the deadline passed before the request was sent", request=request
@@ -366,9 +368,16 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observab
             }
         else:
             clamped = dict.fromkeys(("connect", "read", "write", "pool"), remaining)
-        request.extensions = {**request.extensions, "timeout": clamped}
+        attempt = httpx.Request(
+            request.method,
+            request.url,
+            headers=request.headers,  # copied by httpx
+            stream=request.stream,
+            extensions={**request.extensions, "timeout": clamped},
+        )
         if self._deadline_header is not None:
-            request.headers[self._deadline_header] = f"{remaining:.3f}"
+            attempt.headers[self._deadline_header] = f"{remaining:.3f}"
+        return attempt
 
     @staticmethod
     def _failed(ticket: Any, exc: BaseException) -> None:
@@ -496,13 +505,34 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observab
         return host.latencies.quantile(self._hedge_quantile)
 
     def _may_hedge(self, host: Host) -> bool:
-        """The hedge's own admission, without waiting: paused host or empty budget say no."""
+        """What a hedge needs besides slots, looked at without taking anything: an
+        unpaused host, room in the retry budget and a closed circuit. A hedge that is
+        not sent must cost nothing: the budget is drawn only when it starts."""
         if host.pace.active:
             now = self._now()
             with self._lock:
                 if host.pace.admit(now) > 0:
                     return False
-        return self.budget.try_withdraw()
+        if self.budget.statistics().available < 1:
+            return False
+        breaker = host.breaker
+        return breaker is None or breaker.state_of(host.breaker_key) in _HEDGEABLE
+
+    def _commit_hedge(self, admitted: _Hedge) -> bool:
+        """Draw the hedge's retry from the budget as it starts; if another caller took the
+        last one meanwhile, give its slot and probe back: it is not sent."""
+        if self.budget.try_withdraw():
+            return True
+        self._drop_hedge(admitted)
+        return False
+
+    @staticmethod
+    def _drop_hedge(admitted: _Hedge) -> None:
+        _, slot, ticket = admitted
+        if slot is not None:
+            slot.release()
+        if ticket is not None:
+            ticket.ignore()
 
     def _hedge_started(self, host: Host, delay: float) -> None:
         self._hedges += 1
@@ -574,12 +604,23 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observab
                         exc = None
                 assert response is not None
                 return response
-            if response is not None:
-                response.close()
+            kept = _kept(response)
+            previous = exc
             self._clock.sleep(delay)
             response, exc = self._round(request, body, host, inner)
+            if isinstance(exc, Rejected) and (kept is not None or previous is not None):
+                # The retry was refused before anything was sent (a limiter, a bulkhead
+                # or the breaker): the caller gets the answer in hand, not a Rejected
+                # for a call that was made.
+                self._give_up(host, run.attempt, "rejected", exc)
+                exc = None
+                if kept is not None:
+                    return kept
+                assert previous is not None
+                raise previous
             if response is not None and response.status_code not in self._retry_statuses:
-                self._recovered += 1
+                if response.status_code < 500:
+                    self._recovered += 1
                 return response
 
     def _round(
@@ -607,7 +648,7 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observab
             slot = host.bulkhead.acquire(host.key, priority=request.extensions.get(PRIORITY))
         ticket = None
         try:
-            self._prepare(request)
+            request = self._prepare(request)
             if host.breaker is not None:
                 ticket = host.breaker.acquire_nowait(host.breaker_key)
         except BaseException:
@@ -634,25 +675,31 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observab
             raise
         return self._received(host, slot, ticket, response, start)
 
-    def _admit_hedge(self, request: httpx.Request, host: Host) -> tuple[Any, Any] | None:
-        """Admission of a hedge: everything or nothing, never waiting."""
+    def _admit_hedge(self, request: httpx.Request, host: Host) -> _Hedge | None:
+        """Admission of a hedge: everything or nothing, never waiting. A full bulkhead
+        is not asked for a slot it would refuse (a hedge not sent is no rejection); the
+        limiter's token is taken last but one, the budget's retry at the start."""
         if not self._may_hedge(host):
             return None
-        if host.limiter is not None and not host.limiter.try_acquire(host.key).allowed:
-            return None
         slot = None
+        if host.bulkhead is not None:
+            slot = host.bulkhead._try_quietly(host.key)
+            if slot is None:
+                return None
         try:
-            if host.bulkhead is not None:
-                slot = host.bulkhead.acquire_nowait(host.key)
-            self._prepare(request)
+            if host.limiter is not None and not host.limiter.try_acquire(host.key).allowed:
+                raise _NotNow
+            prepared = self._prepare(request)
             ticket = None
             if host.breaker is not None:
                 ticket = host.breaker.acquire_nowait(host.breaker_key)
-        except (Rejected, httpx.TimeoutException):
+        except BaseException as exc:
             if slot is not None:
                 slot.release()
-            return None
-        return slot, ticket
+            if isinstance(exc, _NotNow | Rejected | httpx.TimeoutException):
+                return None
+            raise
+        return prepared, slot, ticket
 
     def _hedged(
         self, request: httpx.Request, host: Host, inner: httpx.BaseTransport, delay: float
@@ -678,14 +725,16 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observab
             done, pending = concurrent.futures.wait([first], timeout=delay)
             if not done:
                 admitted = self._admit_hedge(request, host)
-                if admitted is not None:
+                if admitted is not None and self._commit_hedge(admitted):
+                    prepared, slot, ticket = admitted
                     second = pool.submit(
                         contextvars.copy_context().run,
                         self._exchange,
-                        request,
+                        prepared,
                         host,
                         inner,
-                        *admitted,
+                        slot,
+                        ticket,
                     )
                     futures[second] = True
                     self._hedge_started(host, delay)
@@ -779,12 +828,21 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observab
                         exc = None
                 assert response is not None
                 return response
-            if response is not None:
-                await response.aclose()
+            kept = await _kept_async(response)
+            previous = exc
             await self._clock.sleep_async(delay)
             response, exc = await self._round_async(request, body, host, inner)
+            if isinstance(exc, Rejected) and (kept is not None or previous is not None):
+                # Refused before anything was sent: the answer in hand (see _resume).
+                self._give_up(host, run.attempt, "rejected", exc)
+                exc = None
+                if kept is not None:
+                    return kept
+                assert previous is not None
+                raise previous
             if response is not None and response.status_code not in self._retry_statuses:
-                self._recovered += 1
+                if response.status_code < 500:
+                    self._recovered += 1
                 return response
 
     async def _round_async(
@@ -814,7 +872,7 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observab
             )
         ticket = None
         try:
-            self._prepare(request)
+            request = self._prepare(request)
             if host.breaker is not None:
                 ticket = await host.breaker.acquire_async(host.breaker_key)
         except BaseException:
@@ -841,29 +899,31 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observab
             raise
         return self._received(host, slot, ticket, response, start)
 
-    async def _admit_hedge_async(
-        self, request: httpx.Request, host: Host
-    ) -> tuple[Any, Any] | None:
-        """Admission of a hedge: everything or nothing, never waiting."""
+    async def _admit_hedge_async(self, request: httpx.Request, host: Host) -> _Hedge | None:
+        """Admission of a hedge: everything or nothing, never waiting (see _admit_hedge)."""
         if not self._may_hedge(host):
             return None
-        if host.limiter is not None:
-            decision = await host.limiter.try_acquire_async(host.key)
-            if not decision.allowed:
-                return None
         slot = None
+        if host.bulkhead is not None:
+            slot = host.bulkhead._try_quietly(host.key)
+            if slot is None:
+                return None
         try:
-            if host.bulkhead is not None:
-                slot = host.bulkhead.acquire_nowait(host.key)
-            self._prepare(request)
+            if host.limiter is not None:
+                decision = await host.limiter.try_acquire_async(host.key)
+                if not decision.allowed:
+                    raise _NotNow
+            prepared = self._prepare(request)
             ticket = None
             if host.breaker is not None:
                 ticket = await host.breaker.acquire_async(host.breaker_key)
-        except (Rejected, httpx.TimeoutException):
+        except BaseException as exc:
             if slot is not None:
                 slot.release()
-            return None
-        return slot, ticket
+            if isinstance(exc, _NotNow | Rejected | httpx.TimeoutException):
+                return None
+            raise
+        return prepared, slot, ticket
 
     async def _hedged_async(
         self, request: httpx.Request, host: Host, inner: httpx.AsyncBaseTransport, delay: float
@@ -874,13 +934,14 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observab
         first_event = anyio.Event()
         settled = anyio.Event()
 
-        async def attempt(admitted: tuple[Any, Any] | None) -> None:
+        async def attempt(admitted: _Hedge | None) -> None:
             outcome: httpx.Response | Exception
             try:
                 if admitted is None:
                     outcome = await self._send_async(request, host, inner)
                 else:
-                    outcome = await self._exchange_async(request, host, inner, *admitted)
+                    prepared, slot, ticket = admitted
+                    outcome = await self._exchange_async(prepared, host, inner, slot, ticket)
             except Exception as exc:
                 outcome = exc
             outcomes.append((admitted is not None, outcome))
@@ -909,11 +970,8 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observab
                     admitted = await self._admit_hedge_async(request, host)
                     if admitted is not None:
                         if outcomes:  # the first answered meanwhile: keep the hedge unsent
-                            if admitted[0] is not None:
-                                admitted[0].release()
-                            if admitted[1] is not None:
-                                admitted[1].ignore()
-                        else:
+                            self._drop_hedge(admitted)
+                        elif self._commit_hedge(admitted):
                             started[0] = 2
                             self._hedge_started(host, delay)
                             group.start_soon(attempt, admitted)
@@ -938,3 +996,55 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observab
         """
         if self._async_inner is not None:
             await self._async_inner.aclose()
+
+
+#: A hedge admitted but not yet sent: the request it sends, its slot and its probe.
+_Hedge: TypeAlias = tuple[httpx.Request, Any, Any]
+
+#: Breaker states under which a hedge may go: not a probe of a recovering host.
+_HEDGEABLE = frozenset({CircuitState.CLOSED, CircuitState.METRICS_ONLY, CircuitState.DISABLED})
+
+
+class _NotNow(Exception):
+    """A hedge's admission stopped short (no token): give back what it holds."""
+
+
+#: The largest answer kept (read) while its retry runs, to return if the retry is
+#: refused before it is sent; a larger or unsized one is closed unread, as before.
+_KEEP_BYTES = 64 * 1024
+
+
+def _keepable(response: httpx.Response | None) -> bool:
+    if response is None:
+        return False
+    length = response.headers.get("content-length", "")
+    return length.isdigit() and int(length) <= _KEEP_BYTES
+
+
+def _kept(response: httpx.Response | None) -> httpx.Response | None:
+    """``response`` read (so returnable after its connection is freed), or None; closed
+    either way: the retry must not wait for this answer's connection or slot."""
+    if response is None:
+        return None
+    if _keepable(response):
+        try:
+            response.read()
+            return response
+        except httpx.HTTPError:
+            pass
+    response.close()
+    return None
+
+
+async def _kept_async(response: httpx.Response | None) -> httpx.Response | None:
+    """:func:`_kept` for async responses."""
+    if response is None:
+        return None
+    if _keepable(response):
+        try:
+            await response.aread()
+            return response
+        except httpx.HTTPError:
+            pass
+    await response.aclose()
+    return None

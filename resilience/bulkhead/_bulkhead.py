@@ -246,6 +246,25 @@ class Bulkhead(PolicyBase):
             self._report_held(key, 0.0, permit.release)
         return permit
 
+    def _try_quietly(self, key: Hashable) -> Permit | None:
+        """A slot of ``key`` if one is free now, else ``None`` without counting a
+        rejection (for optional work that is just not done, like a hedge); an admission
+        is reported as usual. A distributed bulkhead asks Redis, where a refusal counts."""
+        permit: Permit | None
+        if self._remote is not None:
+            try:
+                permit = self._remote.acquire(key, self._default_priority, 0.0)
+            except BulkheadFull:
+                return None
+        else:
+            n = self._slots.try_acquire(key)
+            if not n:
+                return None
+            permit = Permit(self, key, self._sample_start(n))
+        if self._listeners or GLOBAL_LISTENERS:
+            self._report_held(key, 0.0, permit.release)
+        return permit
+
     def acquire(
         self, key: Hashable = None, *, priority: int | None = None, max_wait: float | None = None
     ) -> Permit:

@@ -139,7 +139,7 @@ async def test_hedges_draw_from_the_retry_budget(fake_clock: FakeClock) -> None:
         with anyio.move_on_after(0.2):
             await client.get(URL)
     assert upstream.calls == 1
-    assert budget.statistics().refused == 1
+    assert budget.statistics().retries == 0
 
 
 @pytest.mark.anyio
@@ -156,6 +156,30 @@ async def test_a_full_bulkhead_means_no_hedge(fake_clock: FakeClock) -> None:
         with anyio.move_on_after(0.2):
             await client.get(URL)
     assert upstream.calls == 1
+
+
+@pytest.mark.anyio
+async def test_a_hedge_not_sent_costs_nothing(fake_clock: FakeClock) -> None:
+    """A hedge the full bulkhead cannot take spends no retry from the budget and counts
+    no bulkhead rejection: hedges never sent used to drain the budget, so that a real
+    retry later was refused."""
+    budget = rs.RetryBudget(ratio=0.0, min_per_second=0.1, clock=fake_clock)  # 1 retry
+    bulkhead = Bulkhead(1, clock=fake_clock)
+    upstream = StuckThenFast()
+    transport = ResilientTransport(
+        httpx.MockTransport(upstream),
+        hedge=0.01,
+        budget=budget,
+        bulkhead=bulkhead,
+        clock=fake_clock,
+    )
+    async with httpx.AsyncClient(transport=transport) as client:
+        with anyio.move_on_after(0.2):
+            await client.get(URL)
+    assert upstream.calls == 1
+    assert budget.statistics().retries == 0
+    assert bulkhead.statistics().rejected == 0
+    assert transport.statistics().hedges == 0
 
 
 @pytest.mark.anyio

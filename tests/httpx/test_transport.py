@@ -776,3 +776,81 @@ def test_giving_up_leaves_no_reference_cycles_async() -> None:
             gc.enable()
 
     assert asyncio.run(freed())
+
+
+def test_a_retry_refused_before_sending_returns_the_answer_in_hand(
+    send: Send, fake_clock: FakeClock
+) -> None:
+    """The first attempt's 503 is read before its retry; when the host's limiter refuses
+    the retry, the caller gets that 503, not a RateLimited for a call that was made,
+    and the run ends as exhausted ("rejected")."""
+    upstream = Upstream(fake_clock, always(503, {"content-length": "8"}))
+    t = transport(upstream, limiter=rs.RateLimiter("1/minute", clock=fake_clock))
+    events: list[rs.Event] = []
+    t.add_listener(events.append)
+    response = send(t, "GET", A)
+    assert (response.status_code, response.content) == (503, b"answer 0")
+    assert len(upstream.calls) == 1
+    assert upstream.leaked() == []
+    exhausted = [e for e in events if isinstance(e, rs.RetriesExhausted)]
+    assert [e.reason for e in exhausted] == ["rejected"]
+    assert t.statistics().exhausted == 1
+
+
+def test_a_retry_the_breaker_refuses_returns_the_answer_that_opened_it(
+    send: Send, fake_clock: FakeClock
+) -> None:
+    """A 503 that opens the host's breaker: its retry is refused (CircuitOpen) before it
+    is sent, and the caller gets the 503."""
+    upstream = Upstream(fake_clock, always(503, {"content-length": "8"}))
+    breaker = CircuitBreaker(
+        key=host_key, failure_rate=None, consecutive_failures=1, clock=fake_clock
+    )
+    response = send(transport(upstream, breaker=breaker), "GET", A)
+    assert response.status_code == 503
+    assert len(upstream.calls) == 1
+
+
+def test_a_retry_refused_after_an_exception_raises_that_exception(
+    send: Send, fake_clock: FakeClock
+) -> None:
+    """When the answer in hand is an exception, the caller gets it back unchanged."""
+    upstream = Upstream(fake_clock, always(200))
+    failing = first(httpx.ConnectError("refused"))
+    upstream.script = failing
+    t = transport(upstream, limiter=rs.RateLimiter("1/minute", clock=fake_clock))
+    with pytest.raises(httpx.ConnectError):
+        send(t, "GET", A)
+    assert len(upstream.calls) == 1
+
+
+def test_a_request_sent_inside_a_deadline_is_left_as_it_was(fake_clock: FakeClock) -> None:
+    """The transport sends a copy with clamped timeouts and the deadline header: the
+    caller's request kept them for good, so sending it again later (no deadline) still
+    timed out at the old deadline and told the server so."""
+    upstream = Upstream(fake_clock, always(200))
+    t = transport(upstream, deadline_header="Request-Timeout")
+    with httpx.Client(transport=t, timeout=5) as client:
+        request = client.build_request("GET", A)
+        before = dict(request.extensions["timeout"])
+        with rs.deadline(1.0, clock=fake_clock):
+            client.send(request)
+        assert request.extensions["timeout"] == before
+        assert "request-timeout" not in request.headers
+        client.send(request)
+    first_call, second_call = upstream.calls
+    assert first_call.timeout["read"] == pytest.approx(1.0)
+    assert first_call.headers["request-timeout"] == "1.000"
+    assert second_call.timeout["read"] == 5
+    assert "request-timeout" not in second_call.headers
+
+
+@pytest.mark.parametrize("status", [500, 501])
+def test_a_retry_that_ends_in_a_server_error_is_not_counted_recovered(
+    send: Send, fake_clock: FakeClock, status: int
+) -> None:
+    """recovered counts requests that succeeded after a retry: a 503 then a 500 did not."""
+    upstream = Upstream(fake_clock, first(503, (status, {})))
+    t = transport(upstream)
+    assert send(t, "GET", A).status_code == status
+    assert t.statistics().recovered == 0
