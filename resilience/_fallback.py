@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, Generic, ParamSpec, TypeVar, overload
 
 from ._clock import Clock
 from ._events import FallbackUsed
 from ._matching import ExceptionFilter, ExceptionMatcher
-from ._policy import PolicyBase
+from ._policy import PolicyBase, decorate
 from ._timeout import Timeout
 from ._validate import check_clock
 from .errors import Rejected
@@ -18,6 +18,7 @@ from .errors import Rejected
 __all__ = ["Fallback", "FallbackStatistics"]
 
 T = TypeVar("T")
+R = TypeVar("R")
 P = ParamSpec("P")
 
 
@@ -31,7 +32,7 @@ class FallbackStatistics:
     used: int
 
 
-class Fallback(PolicyBase):
+class Fallback(PolicyBase, Generic[R]):
     """Return a degraded result when the call fails with one of the ``on`` errors.
 
     ``value_or_callable`` is either the value to return, or a callable that receives
@@ -45,6 +46,10 @@ class Fallback(PolicyBase):
 
     ``clock=`` is accepted like on every policy and checked; a fallback reads no time.
 
+    Typed: ``Fallback[R]`` turns a function returning ``T`` into one returning
+    ``T | R`` (``R`` is the value's type, or what the callable returns or its
+    coroutine gives). Inside a :class:`Pipeline` the return type stays ``T``.
+
     Example::
 
         @rs.Fallback(lambda exc: {"summary": None, "degraded": True})
@@ -52,6 +57,51 @@ class Fallback(PolicyBase):
         async def summarize(text: str) -> dict: ...
     """
 
+    @overload
+    def __init__(
+        self: Fallback[R],
+        value_or_callable: Callable[[Exception], Awaitable[R]],
+        *,
+        on: ExceptionFilter = ...,
+        clock: Clock | None = ...,
+        name: str | None = ...,
+    ) -> None: ...
+    @overload
+    def __init__(
+        self: Fallback[R],
+        value_or_callable: Callable[[], Awaitable[R]],
+        *,
+        on: ExceptionFilter = ...,
+        clock: Clock | None = ...,
+        name: str | None = ...,
+    ) -> None: ...
+    @overload
+    def __init__(
+        self: Fallback[R],
+        value_or_callable: Callable[[Exception], R],
+        *,
+        on: ExceptionFilter = ...,
+        clock: Clock | None = ...,
+        name: str | None = ...,
+    ) -> None: ...
+    @overload
+    def __init__(
+        self: Fallback[R],
+        value_or_callable: Callable[[], R],
+        *,
+        on: ExceptionFilter = ...,
+        clock: Clock | None = ...,
+        name: str | None = ...,
+    ) -> None: ...
+    @overload
+    def __init__(
+        self: Fallback[R],
+        value_or_callable: R,
+        *,
+        on: ExceptionFilter = ...,
+        clock: Clock | None = ...,
+        name: str | None = ...,
+    ) -> None: ...
     def __init__(
         self,
         value_or_callable: Any,
@@ -76,7 +126,25 @@ class Fallback(PolicyBase):
             return self._value
         return self._value(exc) if self._takes_error else self._value()
 
-    def call(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+    @overload  # type: ignore[override]  # the fallback widens the return type: T | R
+    def __call__(
+        self, fn: Callable[P, Coroutine[Any, Any, T]]
+    ) -> Callable[P, Coroutine[Any, Any, T | R]]: ...
+    @overload
+    def __call__(self, fn: Callable[P, T]) -> Callable[P, T | R]: ...
+    def __call__(self, fn: Callable[P, Any]) -> Callable[P, Any]:
+        """Decorate ``fn``: its return type becomes ``T | R``.
+
+        Example::
+
+            @rs.Fallback(None)
+            def lookup(key: str) -> int: ...   # now (key: str) -> int | None
+        """
+        return decorate(self, fn)
+
+    def call(  # type: ignore[override]  # T | R, see __call__
+        self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs
+    ) -> T | R:
         """Run ``fn(*args, **kwargs)``; on a matching error return the fallback."""
         try:
             return fn(*args, **kwargs)
@@ -85,9 +153,9 @@ class Fallback(PolicyBase):
                 raise
             return self._degraded_sync(exc)  # type: ignore[no-any-return]
 
-    async def call_async(
+    async def call_async(  # type: ignore[override]  # T | R, see __call__
         self, fn: Callable[P, Awaitable[T]], /, *args: P.args, **kwargs: P.kwargs
-    ) -> T:
+    ) -> T | R:
         """Run ``await fn(*args, **kwargs)``; on a matching error return the fallback."""
         try:
             return await fn(*args, **kwargs)

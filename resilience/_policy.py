@@ -19,11 +19,14 @@ import inspect
 import warnings
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, ParamSpec, Protocol, TypeVar, cast, runtime_checkable
+from typing import TYPE_CHECKING, Any, ParamSpec, Protocol, TypeVar, cast, runtime_checkable
 
 from . import _deferred
 from ._clock import Clock
 from ._events import Observable
+
+if TYPE_CHECKING:
+    from ._fallback import Fallback  # it widens the return type, so it is no Policy
 
 __all__ = ["Pipeline", "PipelineStatistics", "Policy", "PolicyBase", "decorate"]
 
@@ -82,7 +85,7 @@ def is_async_callable(fn: object) -> bool:
     )
 
 
-def decorate(policy: Policy, fn: Callable[P, T]) -> Callable[P, T]:
+def decorate(policy: Policy | Fallback[Any], fn: Callable[P, T]) -> Callable[P, T]:
     """Wrap ``fn`` so that every call runs under ``policy``.
 
     ``async def`` functions (and other async callables, see :func:`is_async_callable`) get
@@ -217,7 +220,10 @@ class Pipeline(PolicyBase):
     """
 
     def __init__(
-        self, *policies: Policy, clock: Clock | None = None, name: str | None = None
+        self,
+        *policies: Policy | Fallback[Any],
+        clock: Clock | None = None,
+        name: str | None = None,
     ) -> None:
         super().__init__(name=name)
         from ._validate import check_clock  # _validate imports errors, which import this

@@ -62,6 +62,28 @@ async def use() -> None:
     assert_type(stats.retries, int)
 
 
+@rs.Fallback(None)
+def lookup(key: str) -> int:
+    return len(key)
+
+
+async def answer_later(exc: Exception) -> str:
+    return "later"
+
+
+@rs.Fallback(answer_later)
+async def count(text: str) -> int:
+    return len(text)
+
+
+async def fallbacks_widen_the_return_type() -> None:
+    # The degraded value is part of what the caller gets: T | R.
+    assert_type(lookup("k"), int | None)
+    assert_type(await count("t"), int | str)
+    assert_type(rs.Fallback(-1).call(len, "abc"), int)
+    assert_type(rs.Fallback(b"").call(str, 1), str | bytes)
+
+
 def misuse() -> None:
     fetch(1)  # type: ignore[arg-type]
     fetch("u", unknown=1)  # type: ignore[call-arg]
