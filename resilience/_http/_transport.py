@@ -608,20 +608,34 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observab
             previous = exc
             self._clock.sleep(delay)
             response, exc = self._round(request, body, host, inner)
-            if isinstance(exc, Rejected) and (kept is not None or previous is not None):
-                # The retry was refused before anything was sent (a limiter, a bulkhead
-                # or the breaker): the caller gets the answer in hand, not a Rejected
-                # for a call that was made.
-                self._give_up(host, run.attempt, "rejected", exc)
-                exc = None
-                if kept is not None:
-                    return kept
-                assert previous is not None
-                raise previous
-            if response is not None and response.status_code not in self._retry_statuses:
-                if response.status_code < 500:
-                    self._recovered += 1
-                return response
+            final = self._settled(host, run, response, exc, kept, previous)
+            if final is not None:
+                return final
+
+    def _settled(
+        self,
+        host: Host,
+        run: _Run,
+        response: httpx.Response | None,
+        exc: Exception | None,
+        kept: httpx.Response | None,
+        previous: Exception | None,
+    ) -> httpx.Response | None:
+        """The answer a retry round settles the run with, or ``None`` to go on."""
+        if isinstance(exc, Rejected) and (kept is not None or previous is not None):
+            # The retry was refused before anything was sent (a limiter, a bulkhead or
+            # the breaker): the caller gets the answer in hand, not a Rejected for a
+            # call that was made.
+            self._give_up(host, run.attempt, "rejected", exc)
+            if kept is not None:
+                return kept
+            assert previous is not None
+            raise previous
+        if response is not None and response.status_code not in self._retry_statuses:
+            if response.status_code < 500:
+                self._recovered += 1
+            return response
+        return None
 
     def _round(
         self, request: httpx.Request, body: Any, host: Host, inner: httpx.BaseTransport
@@ -832,18 +846,9 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observab
             previous = exc
             await self._clock.sleep_async(delay)
             response, exc = await self._round_async(request, body, host, inner)
-            if isinstance(exc, Rejected) and (kept is not None or previous is not None):
-                # Refused before anything was sent: the answer in hand (see _resume).
-                self._give_up(host, run.attempt, "rejected", exc)
-                exc = None
-                if kept is not None:
-                    return kept
-                assert previous is not None
-                raise previous
-            if response is not None and response.status_code not in self._retry_statuses:
-                if response.status_code < 500:
-                    self._recovered += 1
-                return response
+            final = self._settled(host, run, response, exc, kept, previous)
+            if final is not None:
+                return final
 
     async def _round_async(
         self, request: httpx.Request, body: Any, host: Host, inner: httpx.AsyncBaseTransport
