@@ -198,13 +198,17 @@ L = TypeVar("L", bound=Listener)
 def add_listener(listener: L) -> L:
     """Receive every event of every policy; returns ``listener`` (usable as a decorator).
 
+    Adding a listener that is already there does nothing: an app factory or a test
+    setup that installs an adapter twice must not count every event twice.
+
     Example::
 
         @rs.add_listener
         def audit(event: rs.Event) -> None:
             logging.info("%r", event)
     """
-    GLOBAL_LISTENERS.append(listener)
+    if listener not in GLOBAL_LISTENERS:
+        GLOBAL_LISTENERS.append(listener)
     _forget_failures(listener)
     return listener
 
@@ -291,13 +295,15 @@ class Observable:
 
     def add_listener(self, listener: L) -> L:
         """Receive this object's events; returns ``listener`` (usable as a decorator).
+        Adding one that is already there does nothing.
 
         Example::
 
             retry = rs.Retry(on=OSError)
             retry.add_listener(print)
         """
-        self._listeners.append(listener)
+        if listener not in self._listeners:
+            self._listeners.append(listener)
         _forget_failures(listener)
         return listener
 

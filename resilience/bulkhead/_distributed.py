@@ -648,7 +648,9 @@ class Distributed:
         if permit is not None:
             return permit
         assert self.twin is not None
-        self.twin.acquire(key, priority=priority, max_wait=max_wait)
+        # Quietly: the twin shares this bulkhead's name and listeners, and the caller
+        # reports the admission once (a loud twin counted every one twice).
+        self.twin._acquire_quietly(key, priority, max_wait)
         return self._local_slot(key)
 
     async def _degraded_async(
@@ -662,10 +664,7 @@ class Distributed:
         if permit is not None:
             return permit
         assert self.twin is not None
-        if may_wait is None:
-            await self.twin.acquire_async(key, priority=priority, max_wait=max_wait)
-        else:
-            await self.twin._acquire_quietly_async(key, priority, max_wait, may_wait)
+        await self.twin._acquire_quietly_async(key, priority, max_wait, may_wait)
         return self._local_slot(key)
 
     def _local_slot(self, key: Hashable) -> LeasePermit:

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
+from typing import Any
 
 from .._clock import Clock
 from .._events import (
@@ -122,6 +123,9 @@ class LoggingListener:
             if self.repeat_interval is None
             else Repeats(self.repeat_interval, max_keys=_MAX_KEYS)
         )
+        # Events left out in an episode whose closing transition was not written (its
+        # level disabled): the next record of their type reports them (repeats=N).
+        self._carried: dict[tuple[str, type[Event]], int] = {}
 
     def level_of(self, event: Event) -> int:
         """The level ``event`` is logged at."""
@@ -147,6 +151,10 @@ class LoggingListener:
             policy = event.policy
             episode = repeats_table.forget(lambda key: key[0] == policy)
             if not self.logger.isEnabledFor(level):
+                carried = self._carried
+                for key, count in episode.items():
+                    if count and (key in carried or len(carried) < _MAX_KEYS):
+                        carried[key] = carried.get(key, 0) + count
                 return
             left_out = {key[1].__name__: count for key, count in episode.items()}
             if left_out:
@@ -158,6 +166,8 @@ class LoggingListener:
             if counted is None:
                 return
             repeats = counted
+            if self._carried:
+                repeats += self._carried.pop((event.policy, kind), 0)
             if repeats:
                 suffix = f"repeats={repeats}"
         fields = [
@@ -167,14 +177,23 @@ class LoggingListener:
         ]
         if suffix:
             fields.append(suffix)
-        self.logger.log(
+        extra = {"resilience_event": event, "resilience_repeats": repeats}
+        logger: Any = self.logger
+        kwargs: MutableMapping[str, Any] = {"extra": extra}
+        message: Any = "%s policy=%s key=%s%s"
+        if isinstance(logger, logging.LoggerAdapter):
+            # An adapter's process() replaces extra with its own: ours ride along too.
+            message, kwargs = logger.process(message, kwargs)
+            kwargs["extra"] = {**(kwargs.get("extra") or {}), **extra}
+            logger = logger.logger
+        logger.log(
             level,
-            "%s policy=%s key=%s%s",
+            message,
             kind.__name__,
             event.policy,
             event.key,
             "".join(" " + text for text in fields),
-            extra={"resilience_event": event, "resilience_repeats": repeats},
+            **kwargs,
         )
 
     def install(self) -> LoggingListener:

@@ -58,7 +58,7 @@ def spawn_redis(**kwargs: object) -> RedisServer:
                 # Most likely a port race: the next RedisServer draws a new free port.
         raise AssertionError("unreachable")  # pragma: no cover
     except RedisUnavailable as exc:
-        message = f"REDIS UNAVAILABLE, test needs a redis-server binary: {exc}"
+        message = f"REDIS UNAVAILABLE: {exc}"
         if redis_required():
             pytest.fail(f"{message} ({REQUIRE_ENV}=1)")
         pytest.skip(message)

@@ -155,9 +155,12 @@ class RedisServer:
             "warning",
             *self.extra_args,
         ]
-        self.process = subprocess.Popen(
-            args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
-        )
+        # Its output goes to a file in its directory: what it says when it refuses to
+        # start (a bad directive, a port in use) is the error message.
+        with open(self._log_path, "wb") as log:
+            self.process = subprocess.Popen(
+                args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
         self.paused = False
         try:
             self._wait_until_up(self.process, timeout)
@@ -166,12 +169,28 @@ class RedisServer:
             raise
         return self
 
+    @property
+    def _log_path(self) -> str:
+        return os.path.join(self._dir, "redis-server.log")
+
+    def _last_words(self) -> str:
+        """The last lines redis-server wrote (why it exited), or ``""``."""
+        try:
+            with open(self._log_path, "rb") as log:
+                text = log.read()[-2000:].decode("utf-8", "replace")
+        except OSError:
+            return ""
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        return " | ".join(lines[-3:])
+
     def _wait_until_up(self, process: subprocess.Popen[bytes], timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if process.poll() is not None:
+                said = self._last_words()
                 raise RedisUnavailable(
-                    f"redis-server exited with {process.returncode} (port {self.port} in use?)"
+                    f"redis-server exited with {process.returncode} on port {self.port}: "
+                    + (said or "no output (port in use?)")
                 )
             answer: Any = None
             with contextlib.suppress(OSError, ConnectionError, RuntimeError):

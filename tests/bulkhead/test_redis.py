@@ -402,6 +402,28 @@ def test_local_mode_uses_an_in_process_twin_while_redis_is_down(
     permit.release()
 
 
+def test_admissions_by_the_local_twin_are_reported_once(
+    redis_server: RedisServer, backends: Callable[..., RedisBackend]
+) -> None:
+    """While Redis is down the local twin admits: each admission is one CallAdmitted
+    (the twin shares the bulkhead's listeners and used to report it a second time,
+    doubling the decisions counter and the wait histogram for the whole outage)."""
+    bulkhead = rs.Bulkhead(5, backend=backends(timeout=0.05), name="twice")
+    events: list[rs.Event] = []
+    bulkhead.add_listener(events.append)
+    redis_server.kill()
+
+    async def take_async() -> None:
+        async with await bulkhead.acquire_async("k"):
+            pass
+
+    with bulkhead.acquire("k"):
+        pass
+    bulkhead.call(lambda: None)
+    anyio.run(take_async)
+    assert sum(isinstance(e, rs.CallAdmitted) for e in events) == 3
+
+
 def test_open_and_closed_modes(
     redis_server: RedisServer, backends: Callable[..., RedisBackend]
 ) -> None:

@@ -59,6 +59,17 @@ def test_a_port_held_by_another_server_is_refused(redis_server: RedisServer) -> 
     assert redis_server.command("PING") == "PONG"
 
 
+def test_a_server_that_refuses_to_start_says_why() -> None:
+    """redis-server's own words are the error (a misspelt directive used to be
+    reported as "port in use?")."""
+    from resilience.testing import RedisUnavailable
+
+    server = RedisServer(extra_args=("--maxmemory-polcy", "allkeys-lru"))
+    with pytest.raises(RedisUnavailable, match="Bad directive"):
+        server.start()
+    assert not server.running
+
+
 def test_start_twice_is_refused_and_start_after_stop_works() -> None:
     """A running server cannot be started again (the first process used to be orphaned,
     out of stop()'s reach); after stop(), start() works again."""

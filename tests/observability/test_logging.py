@@ -98,6 +98,47 @@ def test_a_transition_below_the_level_still_starts_a_new_episode(
     assert [r.levelno for r in caplog.records] == [logging.WARNING, logging.WARNING]
 
 
+def test_what_an_unwritten_transition_closed_is_reported_by_the_next_record(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """At WARNING the recovery (INFO) is not written; the fallbacks left out before it
+    used to vanish with it. The next outage's first record reports them: repeats=N."""
+    caplog.set_level(logging.WARNING, logger="resilience.events")
+    clock = FakeClock()
+    listener = LoggingListener(clock=clock)
+    for _ in range(1000):
+        listener(fallback())
+        clock.advance(0.005)
+    listener(rs.BackendRecovered(policy="limiter"))
+    clock.advance(60)
+    listener(fallback())
+    assert len(caplog.records) == 2
+    assert caplog.records[1].getMessage().endswith("repeats=999")
+    assert caplog.records[1].resilience_repeats == 999
+
+
+def test_a_logger_adapter_keeps_the_event_on_the_record(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A LoggerAdapter's own extra replaced ours: record.resilience_event was missing.
+    Both ride along now, and the adapter's process() still shapes the message."""
+
+    class Prefixed(logging.LoggerAdapter):  # type: ignore[type-arg]
+        def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
+            msg, kwargs = super().process(msg, kwargs)
+            return f"[svc] {msg}", kwargs
+
+    caplog.set_level(logging.DEBUG, logger="resilience.adapted")
+    adapter = Prefixed(logging.getLogger("resilience.adapted"), {"service": "api"})
+    listener = LoggingListener(adapter, repeat_interval=None)
+    event = rs.StateChanged(policy="br", old="closed", new="open")
+    listener(event)
+    (record,) = caplog.records
+    assert record.resilience_event is event
+    assert record.service == "api"
+    assert record.getMessage().startswith("[svc] StateChanged policy=br")
+
+
 def test_state_changes_are_never_summarized(log: pytest.LogCaptureFixture) -> None:
     """Every breaker transition gets its own record, however close together."""
     listener = LoggingListener(clock=FakeClock())

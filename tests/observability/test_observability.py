@@ -188,6 +188,21 @@ async def test_prometheus_asgi_app_is_a_route_at_exactly_metrics(
     assert "resilience_rejections_total" in response.text
 
 
+def test_installing_twice_counts_every_event_once() -> None:
+    """install() twice (an app factory run twice) used to register the adapter twice,
+    so every decision counted double; one uninstall() then left one copy listening."""
+    metrics = PrometheusMetrics()
+    metrics.install()
+    metrics.install()
+    try:
+        rs.RateLimiter("100/s", name="twice").try_acquire("a")
+        text = metrics.exposition().decode()
+        assert 'resilience_decisions_total{outcome="admitted",policy="twice"} 1.0' in text
+    finally:
+        metrics.uninstall()
+    assert metrics not in rs._events.GLOBAL_LISTENERS
+
+
 def test_prometheus_namespace_and_shared_registry() -> None:
     """Two adapters on separate registries do not collide; namespace prefixes names."""
     a, b = PrometheusMetrics(), PrometheusMetrics(namespace="svc")
