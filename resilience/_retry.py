@@ -122,6 +122,19 @@ class Retry(PolicyBase):
 
     # -- the core: pure decisions, shared by both shells ----------------------------
 
+    def _judge(self, run: _Run, exc: Exception) -> float | None:
+        """The delay before retrying ``exc``, or ``None`` to raise it. An ``on=``
+        predicate or a backoff schedule that raises gets ``exc`` as its context, as in
+        an except block: the failure that led there is not lost from the traceback."""
+        try:
+            if not self._matches(exc):
+                return None
+            return self._plan(run, exc)
+        except BaseException as bug:
+            if bug is not exc and bug.__context__ is None:
+                bug.__context__ = exc
+            raise
+
     def _plan(self, run: _Run, exc: BaseException | None) -> float | None:
         """The delay before the next attempt, or ``None`` to give up now."""
         attempt = run.attempt
@@ -210,7 +223,7 @@ class Retry(PolicyBase):
         run = self._start()
         while True:
             if exc is not None:
-                if not self._matches(exc) or (delay := self._plan(run, exc)) is None:
+                if (delay := self._judge(run, exc)) is None:
                     try:
                         raise exc
                     finally:
@@ -274,7 +287,7 @@ class Retry(PolicyBase):
         run = self._start()
         while True:
             if exc is not None:
-                if not self._matches(exc) or (delay := self._plan(run, exc)) is None:
+                if (delay := self._judge(run, exc)) is None:
                     try:
                         raise exc
                     finally:

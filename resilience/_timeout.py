@@ -224,7 +224,8 @@ class Timeout(PolicyBase, ResilienceError, TimeoutError):
                 task = asyncio.current_task(loop)
                 assert task is not None
                 expiry = _Expiry(task)
-                handle = loop.call_at(loop.time() + seconds, expiry)
+                at = loop.time() + seconds
+                handle = loop.call_at(at, expiry)
                 cancelling = task.cancelling()
                 try:
                     result = await fn(*args, **kwargs)
@@ -232,12 +233,23 @@ class Timeout(PolicyBase, ResilienceError, TimeoutError):
                     if expiry.fired and task.uncancel() <= cancelling:
                         raise error(seconds) from None
                     raise
+                except BaseException:
+                    if expiry.fired:
+                        # Cut, then the call failed otherwise while unwinding (a cleanup
+                        # that raised): its error goes on, but our cancel request must
+                        # not stay on the task, or an outer timeout would not fire right.
+                        task.uncancel()
+                    raise
                 finally:
                     handle.cancel()
                 if expiry.fired:
                     # The call caught our cancellation and returned anyway: take back the
                     # cancel request, and discard the late value as the sync path does.
                     task.uncancel()
+                    raise error(seconds)
+                if loop.time() > at:
+                    # A call that never yielded ran past the limit (no timer could cut
+                    # it): its value is late all the same.
                     raise error(seconds)
                 return result
             finally:
@@ -249,9 +261,12 @@ class Timeout(PolicyBase, ResilienceError, TimeoutError):
     async def _call_anyio(
         self, seconds: float, fn: Callable[..., Awaitable[T]], args: Any, kwargs: Any
     ) -> T:
-        with anyio.CancelScope(deadline=anyio.current_time() + seconds) as scope:
+        at = anyio.current_time() + seconds
+        with anyio.CancelScope(deadline=at) as scope:
             result = await fn(*args, **kwargs)
-        if scope.cancel_called:  # cut at the limit, or a late value the call returned anyway
+        # Cut at the limit, a late value the call returned anyway, or a call that never
+        # yielded and ran past the limit.
+        if scope.cancel_called or anyio.current_time() > at:
             raise self._error(seconds)
         return result
 
@@ -303,9 +318,11 @@ class Timeout(PolicyBase, ResilienceError, TimeoutError):
         # The scope swallows only the cancellation it caused itself, which becomes
         # rs.Timeout here: nothing the block raised is ever suppressed.
         scope.__exit__(exc_type, exc, tb)
-        # Also a block that caught the cancellation and went on: it ended past the limit,
-        # which the sync ``with`` reports as Timeout too.
-        if scope.cancelled_caught or (exc_type is None and scope.cancel_called):
+        # Also a block that caught the cancellation and went on, or never yielded: it
+        # ended past the limit, which the sync ``with`` reports as Timeout too.
+        if scope.cancelled_caught or (
+            exc_type is None and (scope.cancel_called or anyio.current_time() > scope.deadline)
+        ):
             raise self._error(seconds)
 
     def statistics(self) -> TimeoutStatistics:

@@ -562,3 +562,33 @@ def test_no_retry_starts_exactly_at_the_deadline(fake_clock: FakeClock) -> None:
         retry(flaky)()
     assert flaky.calls == 2  # at 0 s and 0.5 s; not at 1.0 s
     assert fake_clock.monotonic() == 0.5
+
+
+@pytest.mark.parametrize("broken", ["predicate", "backoff"])
+def test_a_callback_that_raises_keeps_the_failure_that_led_there(broken: str) -> None:
+    """An on= predicate or a backoff schedule that raises: its error carries the
+    exception being judged as __context__, as an except block would (it was lost)."""
+
+    def predicate(exc: BaseException) -> bool:
+        return exc.response.status >= 500  # type: ignore[attr-defined]
+
+    def schedule() -> Any:
+        raise RuntimeError("schedule bug")
+        yield 0.0  # pragma: no cover - a generator that fails at once
+
+    class Broken(rs.backoff.Backoff):  # type: ignore[misc]
+        def __iter__(self) -> Any:
+            return schedule()
+
+    retry = (
+        rs.Retry(on=predicate, attempts=3)
+        if broken == "predicate"
+        else rs.Retry(on=ConnectionError, attempts=3, backoff=Broken())
+    )
+
+    def call() -> None:
+        raise ConnectionError("the real problem")
+
+    with pytest.raises((AttributeError, RuntimeError)) as caught:
+        retry.call(call)
+    assert isinstance(caught.value.__context__, ConnectionError)

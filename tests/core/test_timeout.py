@@ -169,6 +169,57 @@ async def test_a_call_that_swallows_the_cut_still_times_out(
     await anyio.sleep(0)  # no cancellation is left pending on the task
 
 
+def test_a_cut_call_that_fails_otherwise_leaves_no_cancel_request_behind() -> None:
+    """An inner Timeout cuts a call whose cleanup then raises another error: that error
+    goes on, and the task carries no leftover cancel request (it used to, and the outer
+    timeout's own expiry then escaped as a bare CancelledError, past any Fallback)."""
+
+    async def main() -> str:
+        @rs.Timeout(0.01)
+        async def cleanup_fails() -> None:
+            try:
+                await asyncio.sleep(10)
+            finally:
+                raise ConnectionResetError("close failed")
+
+        @rs.Fallback("degraded")
+        @rs.Timeout(0.05)
+        async def outer() -> str:
+            with pytest.raises(ConnectionResetError):
+                await cleanup_fails()
+            task = asyncio.current_task()
+            assert task is not None
+            assert task.cancelling() == 0
+            await asyncio.sleep(10)  # cut by the outer limit: rs.Timeout, so degraded
+            return "never"
+
+        return await outer()
+
+    assert asyncio.run(main()) == "degraded"
+
+
+@pytest.mark.anyio
+async def test_an_async_call_that_never_yields_still_times_out() -> None:
+    """No timer can cut a coroutine that blocks without awaiting; when it returns past
+    the limit its value is late, and discarded as on the sync path (asyncio and trio,
+    decorated and ``async with``)."""
+    import time
+
+    timeout = rs.Timeout(0.01)
+
+    @timeout
+    async def blocks() -> str:
+        time.sleep(0.03)
+        return "late"
+
+    with pytest.raises(rs.Timeout):
+        await blocks()
+    with pytest.raises(rs.Timeout):
+        async with timeout:
+            time.sleep(0.03)
+    assert timeout.statistics().timed_out == 2
+
+
 def test_task_keeps_running_normally_after_an_asyncio_timeout() -> None:
     """After a Timeout on asyncio the task has no pending cancellation left."""
 
