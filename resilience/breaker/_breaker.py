@@ -398,7 +398,7 @@ class CircuitBreaker(PolicyBase):
                 )
             )
         if self._shared is not None:
-            self._shared.local_change(core.key, new, reason, open_for)
+            self._shared.local_change(core.key, new, reason, open_for, core.trips)
 
     def _rejected(self, core: BreakerCore, retry_after: float | None) -> None:
         if self._observed:
@@ -871,7 +871,7 @@ class CircuitBreaker(PolicyBase):
 
     # ----------------------------------------------------------------- shared state hooks
 
-    def _apply_remote(self, key: str | None, op: str, seconds: float) -> None:
+    def _apply_remote(self, key: str | None, op: str, seconds: float, trips: int = 0) -> None:
         """Apply a signal from another process (called by the shared-state thread)."""
         now = self._now()
         if self._cores is None:
@@ -885,7 +885,7 @@ class CircuitBreaker(PolicyBase):
         if core is None:
             return
         if op == "open":
-            core.remote_open(now, seconds)
+            core.remote_open(now, seconds, trips)
         elif op == "close":
             core.remote_close(now)
 

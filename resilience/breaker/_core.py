@@ -448,11 +448,12 @@ class BreakerCore:
                 changes.clear()  # a reset of the window, not a state change
         self._flush(changes, now)
 
-    def remote_open(self, now: float, seconds: float) -> None:
+    def remote_open(self, now: float, seconds: float, trips: int = 0) -> None:
         """Another process opened this breaker for ``seconds``: open too (CLOSED/HALF_OPEN).
 
         Manual states (DISABLED, FORCED_OPEN, METRICS_ONLY) are left alone; an OPEN
-        breaker keeps the later of the two ends.
+        breaker keeps the later of the two ends. ``trips`` is the fleet's count of trips
+        in a row: a later trip of this process grows its cool-down from there.
         """
         changes: list[_Change] = []
         with self._lock:
@@ -462,7 +463,14 @@ class BreakerCore:
                 self._move(OPEN, now, "remote", changes, open_for=seconds, remote=True)
             elif state is OPEN and now + seconds > self._open_until:
                 self._open_until = now + seconds
+            if self.state is OPEN and trips > self._trips:
+                self._trips = trips
         self._flush(changes, now)
+
+    @property
+    def trips(self) -> int:
+        """Trips in a row since the breaker last closed (the cool-down grows with it)."""
+        return self._trips
 
     def remote_close(self, now: float) -> None:
         """Another process's half-open probe succeeded: close, unless this breaker is in

@@ -287,8 +287,10 @@ class _Hub:
             message = json.loads(data)
             if message.get("origin") == self.origin:
                 return
+            trips = int(message.get("trips", 0))
             for member in list(self._members.get(message["name"], ())):
-                member._remote(message["op"], message.get("key"), float(message.get("ttl", 0)))
+                ttl = float(message.get("ttl", 0))
+                member._remote(message["op"], message.get("key"), ttl, trips)
         except Exception:
             logger.warning("resilience: bad breaker message %r", data, exc_info=True)
 
@@ -334,6 +336,7 @@ class SharedState:
         self.name = breaker.name
         self.quorum = quorum
         self.sync_interval = sync_interval
+        self._closed = False  # left the fleet (close()): no more elections or publishes
         config = breaker.config
         lease = config.max_half_open_wait or max(config.open_for, 1.0)
         #: How long the winner of the fleet probe holds it (ms) before others may try.
@@ -361,9 +364,12 @@ class SharedState:
 
     def close(self) -> None:
         """Leave the fleet; the threads stop when no breaker of this backend remains.
+        The breaker goes on alone: it no longer takes part in the fleet's half-open
+        elections (it could not tell the fleet the outcome).
 
         Example: ``breaker.shared.close()``
         """
+        self._closed = True
         self._hub.unregister(self)
 
     @property
@@ -373,12 +379,13 @@ class SharedState:
 
     @property
     def connected(self) -> bool:
-        """Whether the subscriber is connected to Redis."""
-        return self._hub.connected
+        """Whether the subscriber is connected to Redis (``False`` once closed)."""
+        return not self._closed and self._hub.connected
 
     def reachable(self) -> bool:
-        """Whether the half-open election may use Redis now (connected, not backing off)."""
-        return self._hub.connected and self._failover.use_backend()
+        """Whether the half-open election may use Redis now (in the fleet, connected,
+        not backing off)."""
+        return not self._closed and self._hub.connected and self._failover.use_backend()
 
     def _keys(self, key: Hashable) -> list[str]:
         base = f"{self._tag}:{_safe('' if key is None else str(key))}"
@@ -387,26 +394,43 @@ class SharedState:
     # ---------------------------------------------------------------- outbound
 
     def local_change(
-        self, key: Hashable, new: CircuitState, reason: str, open_for: float | None
+        self,
+        key: Hashable,
+        new: CircuitState,
+        reason: str,
+        open_for: float | None,
+        trips: int = 0,
     ) -> None:
         """The local breaker moved; tell the fleet (queued, never blocks)."""
-        if reason in ("remote", "fleet_probe", "initial", "cool_down"):
+        if self._closed or reason in ("remote", "fleet_probe", "initial", "cool_down"):
             return
         wire = None if key is None else str(key)
         if new is CircuitState.OPEN and open_for is not None:
             ttl = max(1, int(open_for * 1000))
-            self._hub.submit((self.name, wire), lambda: self._publish_open(wire, ttl))
+            # An operator's open() opens the fleet at once: it is no report to a quorum.
+            quorum = 1 if reason == "manual" else self.quorum
+            self._hub.submit(
+                (self.name, wire), lambda: self._publish_open(wire, ttl, trips, quorum)
+            )
         elif new is CircuitState.CLOSED and reason in ("probes_succeeded", "manual"):
             self._hub.submit((self.name, wire), lambda: self._publish_close(wire))
 
-    def _message(self, op: str, key: str | None, ttl: int = 0) -> str:
+    def _message(self, op: str, key: str | None, ttl: int = 0, trips: int = 0) -> str:
         return json.dumps(
-            {"op": op, "name": self.name, "key": key, "ttl": ttl, "origin": self._hub.origin}
+            {
+                "op": op,
+                "name": self.name,
+                "key": key,
+                "ttl": ttl,
+                "origin": self._hub.origin,
+                "trips": trips,
+            }
         )
 
-    def _publish_open(self, key: str | None, ttl: int) -> None:
-        args = [ttl, self._hub.origin, self.quorum, key or "", self._hub.channel]
-        self._run(self._trip, self._keys(key), [*args, self._message("open", key, ttl)])
+    def _publish_open(self, key: str | None, ttl: int, trips: int, quorum: int) -> None:
+        args = [ttl, self._hub.origin, quorum, key or "", self._hub.channel]
+        message = self._message("open", key, ttl, trips)
+        self._run(self._trip, self._keys(key), [*args, message])
 
     def _publish_close(self, key: str | None) -> None:
         args = [key or "", self._hub.channel, self._message("close", key)]
@@ -471,12 +495,12 @@ class SharedState:
 
     # ---------------------------------------------------------------- inbound (hub thread)
 
-    def _remote(self, op: str, key: str | None, ttl_ms: float) -> None:
+    def _remote(self, op: str, key: str | None, ttl_ms: float, trips: int = 0) -> None:
         breaker = self._breaker()
         if breaker is None:
             return
         self.applied += 1
-        breaker._apply_remote(key, op, ttl_ms / 1000.0)
+        breaker._apply_remote(key, op, ttl_ms / 1000.0, trips)
 
     def _poll(self) -> None:
         breaker = self._breaker()

@@ -227,6 +227,62 @@ def test_quorum_opens_the_fleet_only_when_enough_report(fleet: Fleet) -> None:
     assert c.state is CircuitState.OPEN
 
 
+def test_cool_downs_grow_fleet_wide_whoever_probes(fleet: Fleet) -> None:
+    """open_for_max growth counts the fleet's trips in a row: when another process
+    wins the next probe and it fails, the cool-down grows on (it fell back to
+    open_for, for the whole fleet, since each process counted only its own trips)."""
+    a, b = fleet.add(open_for=0.2, open_for_max=5), fleet.add(open_for=0.2, open_for_max=5)
+    heard = opened_event(b)
+    for _ in range(2):
+        with pytest.raises(Boom):
+            a.call(boom)
+    assert heard.wait(3)  # trip 1: 0.2 s
+    time.sleep(0.25)
+    heard = opened_event(b)
+    with pytest.raises(Boom):
+        a.call(boom)  # a's probe fails: trip 2, 0.4 s
+    assert heard.wait(3)
+    time.sleep(0.45)
+    heard = opened_event(a)
+    with pytest.raises(Boom):
+        b.call(boom)  # b wins this probe, which fails: trip 3, 0.6 s
+    assert heard.wait(3)
+    retry_after = b.statistics().retry_after
+    assert retry_after is not None
+    assert retry_after > 0.45
+
+
+def test_a_manual_open_opens_the_fleet_whatever_the_quorum(fleet: Fleet) -> None:
+    """An operator's open() is broadcast at once; with quorum=2 it used to count as
+    one process's report and stay local."""
+    a, b = fleet.add(quorum=2), fleet.add(quorum=2)
+    heard = opened_event(b)
+    a.open(seconds=60)
+    assert heard.wait(3)
+    assert b.state is CircuitState.OPEN
+
+
+def test_a_breaker_that_left_the_fleet_no_longer_takes_its_probe(fleet: Fleet) -> None:
+    """After shared.close() a breaker goes on alone: it does not win the fleet's
+    half-open election (it used to, and, unable to publish the outcome, left the rest
+    of the fleet open for the whole probe lease)."""
+    a, b = fleet.add(open_for=0.2), fleet.add(open_for=0.2)
+    heard = opened_event(a)
+    for _ in range(2):
+        with pytest.raises(Boom):
+            b.call(boom)
+    assert heard.wait(3)
+    assert a.shared is not None
+    assert b.shared is not None
+    a.shared.close()
+    assert not a.shared.connected
+    time.sleep(0.25)
+    assert a.call(lambda: "ok") == "ok"  # its own probe, no election
+    assert a.shared.statistics()["won"] == 0
+    assert b.call(lambda: "ok") == "ok"  # b wins the fleet's probe for itself
+    assert b.state is CircuitState.CLOSED
+
+
 def test_keys_are_shared_one_by_one(fleet: Fleet) -> None:
     """A keyed breaker shares each key's trips; other keys stay closed."""
     a = fleet.add(key=lambda host: host)
