@@ -31,6 +31,9 @@ if TYPE_CHECKING:
 __all__ = ["MemoryBackend", "MemoryBuckets"]
 
 _SWEEP = 2  # full buckets dropped per newly inserted key
+#: A bucket's refill time when it is full whatever the clock reads (0 is not: a clock
+#: may read negative, a FakeClock(start=-100) say, and 0 would then be 100 s ahead).
+_FULL = -(1 << 62)
 
 
 class MemoryBackend:
@@ -108,9 +111,9 @@ class MemoryBuckets:
         self._lock = threading.Lock()
         self._acquire = self._lock.acquire
         self._release = self._lock.release
-        self._tat = 0  # the unkeyed bucket
+        self._tat = _FULL  # the unkeyed bucket
         self._tats: dict[Hashable, int] = {}
-        self._floor = 0  # refill time of the latest non-full bucket evicted by the cap
+        self._floor = _FULL  # refill time of the latest non-full bucket evicted by the cap
         self._emission = gcra.emission
         self._tolerance = gcra.tolerance
         self._us_ticks = gcra.denominator
@@ -282,14 +285,19 @@ class MemoryBuckets:
 
     def reset(self, key: Hashable) -> None:
         """Make ``key``'s bucket full again (``None``: the unkeyed bucket)."""
+        now = self._now()
         with self._lock:
             if key is None:
-                self._tat = 0
-            else:
-                # Stored as full rather than dropped: an absent key starts at the
-                # eviction floor, which may not be full.
-                self._tats.pop(key, None)
-                self._tats[key] = 0
+                self._tat = _FULL
+                return
+            tats = self._tats
+            tats.pop(key, None)
+            if self._floor > now:
+                # An absent key would start at the eviction floor, which is not full
+                # yet: stored as full, under the same cap as any other key.
+                tats[key] = _FULL
+                if len(tats) > self.max_keys:
+                    self._evict_oldest(now)
 
     async def reset_async(self, key: Hashable) -> None:
         """:meth:`reset` (no I/O)."""

@@ -303,7 +303,7 @@ class RateLimiter(PolicyBase):
             print(d.allowed, d.remaining, d.retry_after, d.reset_after, d.limit)
         """
         decision = self._decide(key, cost)
-        if decision.allowed and (self._listeners or GLOBAL_LISTENERS):
+        if decision.allowed and cost and (self._listeners or GLOBAL_LISTENERS):
             self._report_admission(self._key if key is None else key, 0.0)
         return decision
 
@@ -313,7 +313,7 @@ class RateLimiter(PolicyBase):
         Example: ``d = await limiter.try_acquire_async(key="alice")``
         """
         decision = await self._decide_async(key, cost)
-        if decision.allowed and (self._listeners or GLOBAL_LISTENERS):
+        if decision.allowed and cost and (self._listeners or GLOBAL_LISTENERS):
             self._report_admission(self._key if key is None else key, 0.0)
         return decision
 
@@ -350,6 +350,8 @@ class RateLimiter(PolicyBase):
             key = self._key  # the limiter's constant key, if it has one
         if cost is not _ONE:  # True and 1.0 equal 1 but are no cost: checked
             self._check_cost(cost)
+            if cost == 0:  # a peek: nothing taken, nothing admitted or refused
+                return self._buckets.take(key, 0, 0)  # type: ignore[no-any-return]
         return self._count(self._buckets.take(key, cost, 0), key)
 
     async def _decide_async(self, key: Hashable, cost: int) -> Decision:
@@ -358,9 +360,12 @@ class RateLimiter(PolicyBase):
         if cost is not _ONE:  # True and 1.0 equal 1 but are no cost: checked
             self._check_cost(cost)
         buckets = self._buckets
-        if buckets.local:
-            return self._count(buckets.take(key, cost, 0), key)
-        return self._count(await buckets.take_async(key, cost, 0), key)
+        decision = buckets.take(key, cost, 0) if buckets.local else None
+        if decision is None:
+            decision = await buckets.take_async(key, cost, 0)
+        if cost == 0:  # a peek: nothing taken, nothing admitted or refused
+            return decision  # type: ignore[no-any-return]
+        return self._count(decision, key)
 
     def acquire(
         self, key: Hashable = None, cost: int = 1, *, max_wait: float | None = None

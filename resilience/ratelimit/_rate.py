@@ -133,7 +133,14 @@ class Rate:
         return f"Rate({self.amount}, {self.period!r})"
 
     def __str__(self) -> str:
-        return f"{self.amount}/{self.period:g}s"
+        # The shortest text that parses back to this rate (repr is the shortest round
+        # trip of a float; "2592000s" rather than "2.592e+06s", which no parser reads).
+        period = repr(self.period)
+        if "e" in period or "E" in period:
+            period = f"{self.period:f}".rstrip("0").rstrip(".")
+        elif period.endswith(".0"):
+            period = period[:-2]
+        return f"{self.amount}/{period}s"
 
     def __reduce__(self) -> tuple[object, ...]:
         return (Rate, (self.amount, self.period))

@@ -106,6 +106,7 @@ class WindowBuckets:
         "_sliding",
         "_strategy",
         "_strategy_name",
+        "evictions",
         "local",
         "round_trips",
     )
@@ -134,6 +135,8 @@ class WindowBuckets:
         self.local = local
         #: Storage operations sent to Redis (two per decision: hit or test, then stats).
         self.round_trips = 0
+        #: Windows cleared by the ``max_keys`` cap (in memory).
+        self.evictions = 0
         # limits reads a Redis fixed window's expiry with TTL: whole seconds, rounded.
         # Half a second more makes retry_after an upper bound (a client that waits it is
         # admitted), and a refusal near the window's end no longer says "retry now".
@@ -248,6 +251,7 @@ class WindowBuckets:
             for _ in range(max(self._max_keys // 10, 1)):
                 old, _none = keys.popitem(last=False)
                 self._strategy.clear(self._item, *old)
+                self.evictions += 1
         keys[ids] = None
 
     def take(self, key: Hashable, cost: int, max_wait_us: int) -> Decision:
@@ -327,9 +331,12 @@ class WindowBuckets:
         except self._errors as exc:
             raise BackendError(f"limits storage failed: {exc!r}") from exc
 
-    def statistics(self) -> dict[str, int]:
-        """``round_trips``: storage operations sent to Redis (0 in memory)."""
-        return {"round_trips": self.round_trips}
+    def statistics(self) -> dict[str, int | None]:
+        """``round_trips``: storage operations sent to Redis (0 in memory); in memory
+        also ``keys`` (windows tracked) and ``evictions`` (windows the cap cleared)."""
+        if self._keys is None:
+            return {"round_trips": self.round_trips}
+        return {"round_trips": 0, "keys": len(self._keys), "evictions": self.evictions}
 
     # Every window decision asks the storage: the recovery probe is a plain decision.
     probe = take

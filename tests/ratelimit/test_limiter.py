@@ -451,3 +451,20 @@ def test_a_cost_that_only_equals_one_is_refused(cost: object) -> None:
     limiter = rs.RateLimiter("10/s")
     with pytest.raises(rs.ConfigurationError, match="cost"):
         limiter.try_acquire(cost=cost)  # type: ignore[arg-type]
+
+
+def test_peeks_are_neither_admissions_nor_refusals() -> None:
+    """cost=0 takes nothing: it used to count as admitted (or, on a full window, as
+    rejected) and to emit CallAdmitted, feeding the decisions counter for no call."""
+    events: list[rs.Event] = []
+    limiter = rs.RateLimiter("10/minute")
+    limiter.add_listener(events.append)
+    for _ in range(5):
+        assert limiter.try_acquire(key="alice", cost=0).remaining == 10
+    window = rs.RateLimiter("1/minute", algorithm="moving-window")
+    window.add_listener(events.append)
+    assert window.try_acquire("bob")
+    assert not window.try_acquire("bob", cost=0)
+    assert (limiter.statistics().admitted, limiter.statistics().rejected) == (0, 0)
+    assert (window.statistics().admitted, window.statistics().rejected) == (1, 0)
+    assert [type(e).__name__ for e in events] == ["CallAdmitted"]

@@ -116,3 +116,39 @@ def test_take_one_decides_exactly_as_take(
             assert got == want
         assert lean._tats == full._tats
         assert lean._floor == full._floor
+
+
+def test_a_clock_that_reads_negative_still_starts_buckets_full() -> None:
+    """0 stood for "full", which a clock reading -100 s (a FakeClock(start=-100))
+    took for 100 s ahead: every new key, the unkeyed bucket and a reset key were
+    refused for 100 s."""
+    clock = FakeClock(start=-100.0)
+    unkeyed = rs.RateLimiter("10/s", clock=clock)
+    keyed = rs.RateLimiter("10/s", key=lambda user: user, clock=clock)
+    assert unkeyed.try_acquire().remaining == 9
+    assert keyed.try_acquire("new").remaining == 9
+    keyed.try_acquire("new", cost=9)
+    keyed.reset("new")
+    assert keyed.try_acquire("new").remaining == 9
+
+
+def test_resets_stay_within_max_keys(fake_clock: FakeClock) -> None:
+    """reset() of 10,000 distinct keys (a login recipe resetting every user) used to
+    store each one, past MemoryBackend(max_keys=...); an absent key is already full."""
+    limiter = rs.RateLimiter(
+        "5/min",
+        key=lambda user: user,
+        backend=rs.backends.MemoryBackend(max_keys=100),
+        clock=fake_clock,
+    )
+    for n in range(10_000):
+        limiter.reset(f"user{n}")
+    assert limiter.statistics().keys == 0
+    for n in range(500):  # a flood of distinct keys, so that the cap's floor is raised
+        limiter.try_acquire(f"flood{n}", cost=5)
+    for n in range(10_000):  # resets while new keys start conservatively: still capped
+        limiter.reset(f"user{n}")
+    keys = limiter.statistics().keys
+    assert keys is not None
+    assert keys <= 100
+    assert limiter.try_acquire("user9999").remaining == 4  # the reset key is full

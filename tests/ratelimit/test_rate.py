@@ -51,3 +51,11 @@ def test_rate_value_semantics() -> None:
         rs.Rate(1, 0)
     with pytest.raises(rs.ConfigurationError):
         rs.Rate(1, 1e-9)
+
+
+@pytest.mark.parametrize("text", ["10/1.23456789s", "1/month", "1/15day", "3/250ms", "1/us"])
+def test_a_rate_prints_as_text_that_parses_back_to_it(text: str) -> None:
+    """str(rate) (statistics().rate, repr(limiter)) used ``:g``: "10/1.23457s" was
+    another rate, and "1/2.592e+06s" did not parse at all."""
+    rate = rs.ratelimit.Rate.parse(text)
+    assert rs.ratelimit.Rate.parse(str(rate)) == rate
