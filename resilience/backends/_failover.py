@@ -159,6 +159,7 @@ class Failover:
             self._next_probe = self._clock.monotonic() + self._backoff
             self._backoff = min(self._backoff * 2, self.max_probe_interval)
         self.fallback(key, error)
+        _forget_frames(error)
 
     def fallback(self, key: object = None, error: BaseException | None = None) -> None:
         """Count a decision made by the failure mode, and emit :class:`BackendFallback`."""
@@ -196,3 +197,19 @@ class Failover:
     def __repr__(self) -> str:
         state = "healthy" if self.healthy else "failing"
         return f"<Failover {self.mode} {state} errors={self.backend_errors}>"
+
+
+def _forget_frames(error: BaseException) -> None:
+    """Drop the tracebacks of a handled backend error and its causes: kept as
+    ``last_error`` until the next failure, their frames (and through ``f_back`` the
+    caller's whole stack, a request and its body say) would live as long."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [error]
+    while todo:
+        current = todo.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        current.__traceback__ = None
+        todo.append(current.__cause__)
+        todo.append(current.__context__)

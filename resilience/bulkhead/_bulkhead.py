@@ -720,7 +720,8 @@ class Bulkhead(PolicyBase):
     def _rejected(self, key: Hashable) -> BulkheadFull:
         slots = self._slots
         slots.reject(key)
-        retry_after = slots.retry_after(key)
+        remote = self._remote
+        retry_after = slots.retry_after(key, None if remote is None else remote.waiting(key))
         if self._observed:
             self._emit(
                 CallRejected(

@@ -53,6 +53,11 @@ T = TypeVar("T")
 Signal = ThreadSignal | AsyncioSignal | TrioSignal
 
 
+#: The longest the first waiter of a key sleeps between two tries (it also wakes on a
+#: release, or when the earliest lease expires).
+_HEAD_POLL = 1.0
+
+
 def _lua(name: str) -> str:
     return resources.files("resilience.backends").joinpath(f"lua/{name}").read_text()
 
@@ -287,6 +292,7 @@ class _Renewal:
         except BackendError:
             dist.renewals_fail_until = _now() + dist.renew_every / 4
             return self._failed(permit, sent)
+        dist.failover.succeeded()  # Redis answers: the bulkhead is healthy (reported)
         if permit._released:  # released while the renewal was on the wire
             return None
         if not alive:
@@ -416,6 +422,9 @@ class Distributed:
         self._held: dict[Hashable, int] = {}
         # Local slots taken while Redis failed, not yet entered in Redis (by token).
         self._local: weakref.WeakValueDictionary[str, LeasePermit] = weakref.WeakValueDictionary()
+        # token -> key of every local slot not yet released or entered in Redis: one
+        # that left _local without either was dropped (collected), its twin slot held.
+        self._local_keys: dict[str, Hashable] = {}
         # Releases that failed while Redis was down: (keys, token), sent on recovery.
         self._unreleased: list[tuple[list[str], str]] = []
         self._reconciling = False
@@ -472,6 +481,9 @@ class Distributed:
             while True:
                 if delay:
                     attempt.signal.wait(delay)
+                    if not self.failover.use_backend():  # Redis failed meanwhile
+                        self.failover.fallback(key)
+                        return self._degraded(key, priority, self._wait_left(attempt))
                 self._before_try(attempt)
                 try:
                     reply = self.acquire_script.run(
@@ -506,6 +518,10 @@ class Distributed:
             while True:
                 if delay:
                     await attempt.signal.wait(delay)
+                    if not self.failover.use_backend():  # Redis failed meanwhile
+                        self.failover.fallback(key)
+                        wait = self._wait_left(attempt)
+                        return await self._degraded_async(key, priority, wait, may_wait)
                 self._before_try(attempt)
                 try:
                     reply = await self.acquire_script.run_async(
@@ -595,8 +611,16 @@ class Distributed:
         if remaining <= 0:
             raise self._rejected(attempt.key)
         if self._is_head(attempt):
-            return min(remaining, wait_ms / 1000.0)
+            # At most _HEAD_POLL: a Redis that stopped answering (paused) sends nothing,
+            # and the head's next try is what finds it out for every waiter.
+            return min(remaining, wait_ms / 1000.0, _HEAD_POLL)
         return remaining
+
+    @staticmethod
+    def _wait_left(attempt: _Attempt) -> float:
+        if attempt.deadline is None:
+            return attempt.max_wait
+        return max(0.0, attempt.deadline - _now())
 
     def _may_queue(self, attempt: _Attempt) -> None:
         """Raise BulkheadFull if the caller's ``may_wait`` refuses to let it queue."""
@@ -609,9 +633,10 @@ class Distributed:
         # The script may have run before the reply was lost: drop that lease, if any.
         self.release_later(attempt.keys, attempt.token)
         self.failover.failed(error, attempt.key)
-        if attempt.deadline is None:
-            return attempt.max_wait
-        return max(0.0, attempt.deadline - _now())
+        # Every waiter sleeps on a signal Redis will not send now: wake them, so that
+        # each takes the failure mode at once rather than at its deadline.
+        self._wake_all_waiters()
+        return self._wait_left(attempt)
 
     def _finish(self, attempt: _Attempt) -> None:
         if attempt.queued:
@@ -622,7 +647,10 @@ class Distributed:
 
     def _grant(self, attempt: _Attempt) -> LeasePermit:
         if attempt.queued:
-            self._dequeue(attempt, wake_next=False)
+            # The next waiter becomes the head: it must ask Redis now, to sleep until
+            # the earliest lease expiry and to mark the key as waited on (a release then
+            # notifies), not on the long sleep it had while others were ahead.
+            self._dequeue(attempt, wake_next=True)
         permit = LeasePermit(self, attempt.key, attempt.keys, attempt.token)
         job = _Renewal(self, permit, permit._t0 or _now())
         permit._job = job
@@ -676,6 +704,7 @@ class Distributed:
         with self.lock:
             self._held[key] = self._held.get(key, 0) + 1
             self._local[permit.token] = permit
+            self._local_keys[permit.token] = key
         if self.failover.healthy:  # Redis came back while this caller waited
             self._reconcile_soon()
         self._watch()
@@ -704,12 +733,25 @@ class Distributed:
         A caller's first success after an outage reconciles at once; this job covers a
         process that makes no further call while its local slots keep running.
         """
+        self._give_back_dropped()
         self._reconcile()
         with self.lock:
-            if self._local or self._unreleased:
+            if self._local or self._unreleased or self._local_keys:
                 return _now() + _RECONCILE_EVERY
             self._watching = False
         return None
+
+    def _give_back_dropped(self) -> None:
+        """Local slots whose permits were collected without release(): give them back
+        (a leased permit's renewal job does the same for dropped leases)."""
+        with self.lock:
+            dropped = [
+                (token, key) for token, key in self._local_keys.items() if token not in self._local
+            ]
+            for token, _ in dropped:
+                del self._local_keys[token]
+        for _, key in dropped:
+            self.forget_held(key)
 
     def _reconcile(self) -> None:
         """Redis answers again: make it count what this process did without it.
@@ -741,6 +783,7 @@ class Distributed:
                 return  # still listed: the next success tries again
             with self.lock:
                 self._local.pop(permit.token, None)
+                self._local_keys.pop(permit.token, None)
                 released = permit._released
                 if not released:
                     permit._registered = True
@@ -749,6 +792,8 @@ class Distributed:
                 self.release_now(permit.keys, permit.token)
             else:
                 KEEPER.schedule(sent + self.renew_every, job)
+        if unreleased or local:
+            self.failover.succeeded()  # all sent: Redis answers again (reported)
 
     def release_on_recovery(self, keys: list[str], token: str) -> None:
         """A release failed (Redis down): send it again once Redis answers."""
@@ -811,12 +856,25 @@ class Distributed:
         if head is not None and head.signal is not None:
             head.signal.set()
 
+    def _wake_all_waiters(self) -> None:
+        with self.lock:
+            waiters = [entry[2] for queue in self._queues.values() for entry in queue.heap]
+        for waiter in waiters:
+            if waiter.queued and waiter.signal is not None:
+                waiter.signal.set()
+
     def _wake_all_heads(self) -> None:
         with self.lock:
             heads = [queue.head() for queue in self._queues.values()]
         for head in heads:
             if head is not None and head.signal is not None:
                 head.signal.set()
+
+    def waiting(self, key: Hashable) -> int:
+        """This process's waiters of ``key`` (they queue here, not in the local slots)."""
+        with self.lock:
+            queue = self._queues.get(self.keys_for(key)[0])
+            return 0 if queue is None else queue.live
 
     def _has_waiters(self) -> bool:
         return bool(self._queues)
@@ -841,7 +899,9 @@ class Distributed:
         if not permit._registered:
             with self.lock:
                 self._local.pop(permit.token, None)
+                self._local_keys.pop(permit.token, None)
         self.forget_held(permit.key)
+        self._notified(permit.keys[0])  # this process's own waiter need not hear Redis
         if permit._t0 is not None:
             self.owner._slots.record_hold(_now() - permit._t0)
         if removed is not None and not int(removed) and not permit._lost:

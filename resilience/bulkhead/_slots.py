@@ -208,14 +208,19 @@ class Slots:
             if self.sampling:
                 self.sampling -= 1
 
-    def retry_after(self, key: Hashable) -> float | None:
-        """Estimated seconds until a slot of ``key`` is free for a newcomer, or None."""
+    def retry_after(self, key: Hashable, waiting: int | None = None) -> float | None:
+        """Estimated seconds until a slot of ``key`` is free for a newcomer, or None.
+
+        ``waiting``: the waiters ahead, when they queue elsewhere (a distributed
+        bulkhead's own queues); by default this table's queue of ``key``.
+        """
         hold = self._hold
         if hold is None:
             return None
-        queue = self.queues.get(key)
-        ahead = 0 if queue is None else queue.live
-        return hold * (ahead + 1) / self.limit
+        if waiting is None:
+            queue = self.queues.get(key)
+            waiting = 0 if queue is None else queue.live
+        return hold * (waiting + 1) / self.limit
 
     def reject(self, key: Hashable) -> None:
         """Count one rejection of ``key`` (and start sampling hold times)."""

@@ -583,3 +583,109 @@ def test_an_idle_process_enters_its_local_slots_once_redis_returns(
     local.release()
     taken.release()
     assert other.statistics("k").shared_in_flight == 0
+
+
+def test_the_next_waiter_takes_a_slot_as_soon_as_it_frees(
+    backends: Callable[..., RedisBackend],
+) -> None:
+    """Two queued threads: when the first is served, the second becomes the head and
+    must ask Redis at once (sleeping until the earliest lease expiry, the key marked
+    as waited on). It used to keep its long sleep and wake at its deadline, with the
+    slot free for seconds."""
+    bulkhead = rs.Bulkhead(1, backend=backends(), name="head", lease=1.0, max_wait=8.0)
+    holder = bulkhead.acquire_nowait("k")
+    got: dict[str, float] = {}
+    release_first = threading.Event()
+
+    def wait_in_line(name: str, then: threading.Event | None) -> None:
+        with bulkhead.acquire("k"):
+            got[name] = time.monotonic()
+            if then is not None:
+                then.wait(5)
+
+    first = threading.Thread(target=wait_in_line, args=("first", release_first))
+    second = threading.Thread(target=wait_in_line, args=("second", None))
+    first.start()
+    wait_until(lambda: bulkhead.statistics("k").waiting == 1)
+    second.start()
+    wait_until(lambda: bulkhead.statistics("k").waiting == 2)
+    holder.release()
+    wait_until(lambda: "first" in got)
+    time.sleep(1.5)  # past the lease the second's first refusal saw
+    released = time.monotonic()
+    release_first.set()
+    first.join(5)
+    second.join(5)
+    assert got["second"] - released < 0.5
+
+
+def test_waiters_take_the_failure_mode_soon_when_redis_hangs(
+    redis_server: RedisServer, backends: Callable[..., RedisBackend]
+) -> None:
+    """A waiter queued, then Redis paused: it and a newcomer behind it get the failure
+    mode within about a second (they used to wait out their whole max_wait, 8 s)."""
+    bulkhead = rs.Bulkhead(
+        1, backend=backends(timeout=0.05), name="hang", max_wait=8.0, on_backend_error="open"
+    )
+    holder = bulkhead.acquire_nowait("k")
+    outcomes: list[tuple[str, float]] = []
+
+    def wait(name: str) -> None:
+        with bulkhead.acquire("k"):
+            outcomes.append((name, time.monotonic()))
+
+    waiter = threading.Thread(target=wait, args=("waiter",))
+    waiter.start()
+    wait_until(lambda: bulkhead.statistics("k").waiting == 1)
+    redis_server.pause()
+    try:
+        paused = time.monotonic()
+        newcomer = threading.Thread(target=wait, args=("newcomer",))
+        newcomer.start()
+        waiter.join(6)
+        newcomer.join(6)
+    finally:
+        redis_server.resume()
+        holder.release()
+    assert sorted(name for name, _ in outcomes) == ["newcomer", "waiter"]
+    assert max(at for _, at in outcomes) - paused < 3.0
+
+
+def test_a_full_distributed_bulkhead_counts_its_waiters_in_retry_after(
+    backends: Callable[..., RedisBackend],
+) -> None:
+    """retry_after = hold / limit * (waiters ahead + 1) counts this process's queued
+    waiters, which a distributed bulkhead keeps in its own queues (it said hold/limit)."""
+    bulkhead = rs.Bulkhead(1, backend=backends(), name="eta", max_wait=5.0)
+    for _ in range(3):  # a measured hold time of about 0.1 s
+        with bulkhead.acquire("k"):
+            time.sleep(0.1)
+    holder = bulkhead.acquire_nowait("k")
+    waiters = [
+        threading.Thread(target=lambda: bulkhead.acquire("k").release()) for _ in range(3)
+    ]
+    for thread in waiters:
+        thread.start()
+    wait_until(lambda: bulkhead.statistics("k").waiting == 3)
+    with pytest.raises(rs.BulkheadFull) as refused:
+        bulkhead.acquire_nowait("k")
+    holder.release()
+    for thread in waiters:
+        thread.join(5)
+    assert refused.value.retry_after is not None
+    assert refused.value.retry_after > 0.3  # four holds of about 0.1 s
+
+
+def test_a_dropped_local_permit_gives_its_slot_back(
+    redis_server: RedisServer, backends: Callable[..., RedisBackend]
+) -> None:
+    """A permit of the local twin (Redis down) dropped without release(): its slot
+    comes back (it stayed taken for good, and was entered in Redis on recovery)."""
+    bulkhead = rs.Bulkhead(2, backend=backends(timeout=0.05), name="dropped", lease=0.6)
+    redis_server.kill()
+    bulkhead.acquire_nowait("k")  # dropped at once
+    gc.collect()
+    wait_until(lambda: bulkhead.statistics("k").in_flight == 0)
+    permits = [bulkhead.acquire_nowait("k") for _ in range(2)]  # both slots free again
+    for permit in permits:
+        permit.release()
