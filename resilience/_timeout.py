@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import threading
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -51,6 +53,37 @@ class _Expiry:
     def __call__(self) -> None:
         self.fired = True
         self.task.cancel()
+
+
+def from_any_thread(callback: Callable[[], object]) -> Callable[[], None]:
+    """``callback`` (a cancel scope's ``cancel``) as a virtual-clock timer callback: a
+    FakeClock fires its timers in whatever thread advances it (a sync endpoint's worker
+    thread, say). On the event loop's own thread it runs at once, as before; from
+    another it is handed to that loop, where cancel scopes must be cancelled."""
+    owner = threading.get_ident()
+    loop = _get_running_loop()
+    if loop is not None:
+
+        def run() -> None:
+            if threading.get_ident() == owner:
+                callback()
+            else:
+                with contextlib.suppress(RuntimeError):  # that loop has closed
+                    loop.call_soon_threadsafe(callback)
+
+        return run
+    import trio  # anyio's other backend
+
+    token = trio.lowlevel.current_trio_token()
+
+    def run_trio() -> None:
+        if threading.get_ident() == owner:
+            callback()
+        else:
+            with contextlib.suppress(trio.RunFinishedError):
+                token.run_sync_soon(callback)
+
+    return run_trio
 
 
 # Per-task state of ``async with timeout:`` blocks (the policy object is shared).
@@ -276,7 +309,7 @@ class Timeout(PolicyBase, ResilienceError, TimeoutError):
         # The clock's timers fire when virtual time passes the deadline.
         with anyio.CancelScope() as scope:
             handle = self._clock.call_at(  # type: ignore[attr-defined]
-                self._clock.monotonic() + seconds, scope.cancel
+                self._clock.monotonic() + seconds, from_any_thread(scope.cancel)
             )
             try:
                 result = await fn(*args, **kwargs)
@@ -293,7 +326,9 @@ class Timeout(PolicyBase, ResilienceError, TimeoutError):
         entered, token = _deadline.push(seconds, self._clock)
         if self._fake_timers:
             scope = anyio.CancelScope()
-            handle = self._clock.call_at(entered.at, scope.cancel)  # type: ignore[attr-defined]
+            handle = self._clock.call_at(  # type: ignore[attr-defined]
+                entered.at, from_any_thread(scope.cancel)
+            )
         else:
             scope = anyio.CancelScope(deadline=anyio.current_time() + seconds)
             handle = None

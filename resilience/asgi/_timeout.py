@@ -11,6 +11,7 @@ import anyio
 from .. import _deadline
 from .._clock import Clock
 from .._events import Listener, TimedOut
+from .._timeout import from_any_thread
 from .._validate import check_callable, check_clock, check_name, check_number
 from ..errors import ConfigurationError
 from ._base import Observed
@@ -116,7 +117,9 @@ class TimeoutMiddleware(Observed):
         timer: Any = None
         if self._timers:
             cancel_scope = anyio.CancelScope()
-            timer = self._clock.call_at(entered.at, cancel_scope.cancel)  # type: ignore[attr-defined]
+            timer = self._clock.call_at(  # type: ignore[attr-defined]
+                entered.at, from_any_thread(cancel_scope.cancel)
+            )
         else:
             cancel_scope = anyio.CancelScope(deadline=anyio.current_time() + budget)
 

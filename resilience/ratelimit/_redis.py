@@ -66,6 +66,7 @@ class RedisBuckets:
         "_frac",
         "_monotonic",
         "_namespace",
+        "_resets",
         "_run",
         "_run_async",
         "_script",
@@ -115,6 +116,8 @@ class RedisBuckets:
         #: key -> its bucket's theoretical arrival time on the local monotonic clock,
         #: learnt from a refusal
         self._denied: dict[Hashable, float] = {}
+        # Bumped by reset(): a refusal computed before a reset must not be cached after it.
+        self._resets = 0
         self.denial_cache_size = denial_cache_size
         #: Refusals answered by the denial cache (no round trip).
         self.denial_cache_hits = 0
@@ -162,7 +165,7 @@ class RedisBuckets:
         remaining = max(0, int((self._tolerance_s - fill) / self._emission_s + 1e-9))
         return make_decision((False, remaining, retry_after, fill, self._burst, 0.0))
 
-    def _decision(self, key: Hashable, cost: int, reply: Any) -> Decision:
+    def _decision(self, key: Hashable, cost: int, reply: Any, resets: int) -> Decision:
         # reply: b"wait_us reset_us" (+ b" remaining" for fractional emission intervals);
         # a negative wait is a refusal. See lua/gcra.lua.
         fields = reply.split()
@@ -177,6 +180,8 @@ class RedisBuckets:
             return make_decision((True, remaining, 0.0, reset_us / 1e6, self._burst, wait_us / 1e6))
         retry_after = -wait_us / 1e6
         denied = self._denied
+        if resets != self._resets:  # a reset ran meanwhile: this refusal may be stale
+            return make_decision((False, remaining, retry_after, reset_us / 1e6, self._burst, 0.0))
         if len(denied) >= self.denial_cache_size:
             # The oldest entry; threads share the cache, so it may change under us.
             with contextlib.suppress(StopIteration, RuntimeError, KeyError):
@@ -203,25 +208,40 @@ class RedisBuckets:
     def probe(self, key: Hashable, cost: int, max_wait_us: int) -> Decision:
         """Like :meth:`take`, always a round trip (the failure mode's recovery probe)."""
         self.round_trips += 1
+        resets = self._resets
         reply = self._run(self._call(key, cost, max_wait_us))
-        return self._decision(key, cost, reply)
+        return self._decision(key, cost, reply, resets)
 
     async def probe_async(self, key: Hashable, cost: int, max_wait_us: int) -> Decision:
         """Like :meth:`take_async`, always a round trip."""
         self.round_trips += 1
+        resets = self._resets
         reply = await self._run_async(self._call(key, cost, max_wait_us))
-        return self._decision(key, cost, reply)
+        return self._decision(key, cost, reply, resets)
 
     def reset(self, key: Hashable) -> None:
         """Delete ``key``'s bucket on Redis (full again for every process); raises
-        ``BackendError``. This process's denial cache forgets the key first."""
-        self._denied.pop(_slot(key), None)
-        self._delete.run([self._redis_key(key)])
+        ``BackendError``. This process's denial cache forgets the key, and no refusal
+        in flight meanwhile (computed before the delete) is cached after it."""
+        self._forget(key)
+        try:
+            self._delete.run([self._redis_key(key)])
+        finally:
+            self._forget(key)
 
     async def reset_async(self, key: Hashable) -> None:
         """Like :meth:`reset`, from asyncio or trio."""
+        self._forget(key)
+        try:
+            await self._delete.run_async([self._redis_key(key)])
+        finally:
+            self._forget(key)
+
+    def _forget(self, key: Hashable) -> None:
+        # Before and after the delete: a refusal sent before the second bump may have
+        # been computed before the delete, and is then not cached (see _decision).
+        self._resets += 1
         self._denied.pop(_slot(key), None)
-        await self._delete.run_async([self._redis_key(key)])
 
     def statistics(self) -> dict[str, int]:
         """Round trips and denial-cache hits."""

@@ -220,6 +220,39 @@ async def test_an_async_call_that_never_yields_still_times_out() -> None:
     assert timeout.statistics().timed_out == 2
 
 
+@pytest.mark.anyio
+@pytest.mark.timeout(30)  # the bug left the call hanging
+async def test_a_fake_clock_advanced_from_another_thread_still_cuts_the_call() -> None:
+    """A FakeClock fires its timers in the thread that advances it (a sync endpoint's
+    worker thread): the cut used to run scope.cancel() there, raising RuntimeError out
+    of clock.sleep() and leaving the timed call to hang. It is handed to the loop."""
+
+    clock = FakeClock()
+    timeout = rs.Timeout(1.0, clock=clock)
+    errors: list[BaseException] = []
+
+    def advance_elsewhere() -> None:
+        try:
+            clock.sleep(5)
+        except BaseException as exc:
+            errors.append(exc)
+
+    async def hangs() -> None:
+        await anyio.sleep_forever()
+
+    async def advance_soon() -> None:
+        await anyio.sleep(0.05)
+        await anyio.to_thread.run_sync(advance_elsewhere)
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(advance_soon)
+            with pytest.raises(rs.Timeout):
+                await timeout.call_async(hangs)
+    assert errors == []
+    assert clock.monotonic() == 5.0
+
+
 def test_task_keeps_running_normally_after_an_asyncio_timeout() -> None:
     """After a Timeout on asyncio the task has no pending cancellation left."""
 

@@ -287,3 +287,25 @@ def test_reset_raises_when_redis_is_down(redis_server: RedisServer) -> None:
     redis_server.kill()
     with pytest.raises(rs.BackendError):
         limiter.reset("k")
+
+
+def test_a_refusal_in_flight_during_a_reset_is_not_cached(redis_server: RedisServer) -> None:
+    """A refusal Redis computed before reset() deleted the bucket, arriving after it,
+    used to land in the denial cache: this process then refused the key for the whole
+    refill period (an hour at "1/h") while Redis held it full."""
+    limiter = rs.RateLimiter(
+        "1/h", key=lambda k: k, backend=RedisBackend.from_url(redis_server.url, timeout=1.0)
+    )
+    assert limiter.try_acquire("k")
+    primary = limiter._buckets.primary  # type: ignore[attr-defined]
+    run = primary._run
+
+    def reply_after_a_reset(call: object) -> object:
+        reply = run(call)  # the refusal, computed now
+        primary._run = run
+        limiter.reset("k")  # another thread's reset lands before the reply is read
+        return reply
+
+    primary._run = reply_after_a_reset
+    assert not limiter.try_acquire("k")
+    assert limiter.try_acquire("k")  # Redis holds it full: no stale cached refusal
