@@ -511,16 +511,22 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observab
         if host.pace.active:
             now = self._now()
             with self._lock:
-                if host.pace.admit(now) > 0:
+                if host.pace.delay(now) > 0:
                     return False
         if self.budget.statistics().available < 1:
             return False
         breaker = host.breaker
         return breaker is None or breaker.state_of(host.breaker_key) in _HEDGEABLE
 
-    def _commit_hedge(self, admitted: _Hedge) -> bool:
-        """Draw the hedge's retry from the budget as it starts; if another caller took the
-        last one meanwhile, give its slot and probe back: it is not sent."""
+    def _commit_hedge(self, host: Host, admitted: _Hedge) -> bool:
+        """Take the hedge's quota unit (a paced host) and its retry from the budget as it
+        starts; if another caller took the last one meanwhile, give its slot and probe
+        back: it is not sent."""
+        if host.pace.active:
+            with self._lock:
+                if host.pace.admit(self._now()) > 0:
+                    self._drop_hedge(admitted)
+                    return False
         if self.budget.try_withdraw():
             return True
         self._drop_hedge(admitted)
@@ -739,7 +745,7 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observab
             done, pending = concurrent.futures.wait([first], timeout=delay)
             if not done:
                 admitted = self._admit_hedge(request, host)
-                if admitted is not None and self._commit_hedge(admitted):
+                if admitted is not None and self._commit_hedge(host, admitted):
                     prepared, slot, ticket = admitted
                     second = pool.submit(
                         contextvars.copy_context().run,
@@ -976,7 +982,7 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observab
                     if admitted is not None:
                         if outcomes:  # the first answered meanwhile: keep the hedge unsent
                             self._drop_hedge(admitted)
-                        elif self._commit_hedge(admitted):
+                        elif self._commit_hedge(host, admitted):
                             started[0] = 2
                             self._hedge_started(host, delay)
                             group.start_soon(attempt, admitted)
