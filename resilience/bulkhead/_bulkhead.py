@@ -215,6 +215,7 @@ class Bulkhead(PolicyBase):
                 on_backend_error=on_backend_error,
                 local_limit=self.max_concurrent if local_limit is None else local_limit,
                 on_lease_lost=on_lease_lost,
+                named=name is not None,
             )
         else:
             from ..backends._failover import MODES

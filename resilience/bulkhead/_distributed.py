@@ -386,6 +386,7 @@ class Distributed:
         on_backend_error: str,
         local_limit: int,
         on_lease_lost: str,
+        named: bool = True,
     ) -> None:
         for attribute in ("script", "key", "sync_client", "round_trip_bound"):
             if not hasattr(backend, attribute):
@@ -396,6 +397,10 @@ class Distributed:
         self.owner = owner
         self.backend = backend
         self.limit = owner.max_concurrent
+        #: The identity in Redis: the name; an unnamed bulkhead's default name plus its
+        #: limit, so that two unnamed bulkheads with different limits (say a storage
+        #: and a database bulkhead) do not share slots, while a fleet's copies of one do.
+        self.identity = owner.name if named else f"{owner.name}-{owner.max_concurrent}"
         self.lease = lease
         self.lease_ms = max(1, round(lease * 1000))
         self.renew_every = lease / 3
@@ -414,7 +419,7 @@ class Distributed:
         self.renew_script = backend.script(RENEW_LUA)
         self.release_script = backend.script(RELEASE_LUA)
         self.count_script = backend.script(COUNT_LUA)
-        self.channel = backend.key("bulkhead", owner.name) + ":released"
+        self.channel = backend.key("bulkhead", self.identity) + ":released"
         self.lock = threading.Lock()
         self._queues: dict[str, _LocalQueue] = {}
         # Permits held by this process per key: leases and local slots (when a twin
@@ -440,7 +445,7 @@ class Distributed:
 
     def keys_for(self, key: Hashable) -> list[str]:
         """The Redis keys of ``key``: ``[leases, waiting-flag]`` (one hash tag)."""
-        name = self.owner.name
+        name = self.identity
         backend = self.backend
         base = (
             backend.key("bulkhead", name)

@@ -689,3 +689,19 @@ def test_a_dropped_local_permit_gives_its_slot_back(
     permits = [bulkhead.acquire_nowait("k") for _ in range(2)]  # both slots free again
     for permit in permits:
         permit.release()
+
+
+def test_unnamed_distributed_bulkheads_with_different_limits_do_not_share_slots(
+    backends: Callable[..., RedisBackend],
+) -> None:
+    """Without name= both used the identity "Bulkhead" in Redis: a storage bulkhead's
+    two holders filled a database bulkhead of 2 that nobody used. The default identity
+    now carries the limit; a fleet's copies of one bulkhead (same limit) still share."""
+    backend = backends()
+    storage, database = rs.Bulkhead(5, backend=backend), rs.Bulkhead(2, backend=backend)
+    held = [storage.acquire_nowait() for _ in range(2)]
+    permit = database.acquire_nowait()
+    twin = rs.Bulkhead(2, backend=backends())  # another process's copy of the database one
+    assert twin.statistics().shared_in_flight == 1
+    for each in (*held, permit):
+        each.release()
