@@ -661,9 +661,7 @@ def test_a_full_distributed_bulkhead_counts_its_waiters_in_retry_after(
         with bulkhead.acquire("k"):
             time.sleep(0.1)
     holder = bulkhead.acquire_nowait("k")
-    waiters = [
-        threading.Thread(target=lambda: bulkhead.acquire("k").release()) for _ in range(3)
-    ]
+    waiters = [threading.Thread(target=lambda: bulkhead.acquire("k").release()) for _ in range(3)]
     for thread in waiters:
         thread.start()
     wait_until(lambda: bulkhead.statistics("k").waiting == 3)
