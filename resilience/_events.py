@@ -207,7 +207,7 @@ def add_listener(listener: L) -> L:
         def audit(event: rs.Event) -> None:
             logging.info("%r", event)
     """
-    if listener not in GLOBAL_LISTENERS:
+    if _index(GLOBAL_LISTENERS, listener) is None:
         GLOBAL_LISTENERS.append(listener)
     _forget_failures(listener)
     return listener
@@ -218,10 +218,22 @@ def remove_listener(listener: Listener) -> None:
 
     Example: ``rs.remove_listener(audit)``
     """
-    try:
-        GLOBAL_LISTENERS.remove(listener)
-    except ValueError:
-        pass
+    index = _index(GLOBAL_LISTENERS, listener)
+    if index is not None:
+        del GLOBAL_LISTENERS[index]
+
+
+def _index(listeners: list[Listener], listener: object) -> int | None:
+    """Where ``listener`` itself is in ``listeners``: the same object, or the same bound
+    method (``obj.method`` is a new object on every access). Equality is not enough: two
+    distinct listeners may compare equal (dataclass instances) and both must receive."""
+    # Bound methods, Python's and builtins' (``events.append``): equal when they are of
+    # the same object (compared by identity) and function.
+    bound = getattr(listener, "__self__", None) is not None
+    for index, known in enumerate(listeners):
+        if known is listener or (bound and known == listener):
+            return index
+    return None
 
 
 # Failing listeners: at most one log record each per 10 seconds, the others counted.
@@ -302,7 +314,7 @@ class Observable:
             retry = rs.Retry(on=OSError)
             retry.add_listener(print)
         """
-        if listener not in self._listeners:
+        if _index(self._listeners, listener) is None:
             self._listeners.append(listener)
         _forget_failures(listener)
         return listener
@@ -312,10 +324,9 @@ class Observable:
 
         Example: ``retry.remove_listener(print)``
         """
-        try:
-            self._listeners.remove(listener)
-        except ValueError:
-            pass
+        index = _index(self._listeners, listener)
+        if index is not None:
+            del self._listeners[index]
 
     @property
     def _observed(self) -> bool:

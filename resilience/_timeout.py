@@ -257,8 +257,7 @@ class Timeout(PolicyBase, ResilienceError, TimeoutError):
                 task = asyncio.current_task(loop)
                 assert task is not None
                 expiry = _Expiry(task)
-                at = loop.time() + seconds
-                handle = loop.call_at(at, expiry)
+                handle = loop.call_at(loop.time() + seconds, expiry)
                 cancelling = task.cancelling()
                 try:
                     result = await fn(*args, **kwargs)
@@ -280,10 +279,6 @@ class Timeout(PolicyBase, ResilienceError, TimeoutError):
                     # cancel request, and discard the late value as the sync path does.
                     task.uncancel()
                     raise error(seconds)
-                if loop.time() > at:
-                    # A call that never yielded ran past the limit (no timer could cut
-                    # it): its value is late all the same.
-                    raise error(seconds)
                 return result
             finally:
                 if token is not None:
@@ -294,12 +289,9 @@ class Timeout(PolicyBase, ResilienceError, TimeoutError):
     async def _call_anyio(
         self, seconds: float, fn: Callable[..., Awaitable[T]], args: Any, kwargs: Any
     ) -> T:
-        at = anyio.current_time() + seconds
-        with anyio.CancelScope(deadline=at) as scope:
+        with anyio.CancelScope(deadline=anyio.current_time() + seconds) as scope:
             result = await fn(*args, **kwargs)
-        # Cut at the limit, a late value the call returned anyway, or a call that never
-        # yielded and ran past the limit.
-        if scope.cancel_called or anyio.current_time() > at:
+        if scope.cancel_called:  # cut at the limit, or a late value the call returned anyway
             raise self._error(seconds)
         return result
 
@@ -353,11 +345,9 @@ class Timeout(PolicyBase, ResilienceError, TimeoutError):
         # The scope swallows only the cancellation it caused itself, which becomes
         # rs.Timeout here: nothing the block raised is ever suppressed.
         scope.__exit__(exc_type, exc, tb)
-        # Also a block that caught the cancellation and went on, or never yielded: it
-        # ended past the limit, which the sync ``with`` reports as Timeout too.
-        if scope.cancelled_caught or (
-            exc_type is None and (scope.cancel_called or anyio.current_time() > scope.deadline)
-        ):
+        # Also a block that caught the cancellation and went on: it ended past the limit,
+        # which the sync ``with`` reports as Timeout too.
+        if scope.cancelled_caught or (exc_type is None and scope.cancel_called):
             raise self._error(seconds)
 
     def statistics(self) -> TimeoutStatistics:

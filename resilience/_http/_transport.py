@@ -375,6 +375,11 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observab
             stream=request.stream,
             extensions={**request.extensions, "timeout": clamped},
         )
+        if hasattr(request, "_content"):
+            # The caller's request was read (its body is bytes): so is the copy, for an
+            # inner transport that reads request.content (httpx leaves a copy built from
+            # a stream unread).
+            attempt.read()
         if self._deadline_header is not None:
             attempt.headers[self._deadline_header] = f"{remaining:.3f}"
         return attempt

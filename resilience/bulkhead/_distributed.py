@@ -234,26 +234,19 @@ class _OpenPermit(Permit):
     ``statistics().in_flight`` until released.
     """
 
-    __slots__ = ("_dist",)
+    __slots__ = ("__weakref__", "_dist")
 
     def __init__(self, dist: Distributed, key: Hashable) -> None:
         super().__init__(dist.owner, key)
         self._dist = dist
         with dist.lock:
-            dist._held[key] = dist._held.get(key, 0) + 1
+            dist._open.add(self)  # weakly: a dropped permit stops counting by itself
 
     def release(self) -> None:
-        """No slot to give back; it stops counting as in flight (once)."""
-        dist = self._dist
-        with dist.lock:
-            if self._released:
-                return
+        """No slot to give back; it stops counting as in flight."""
+        with self._dist.lock:
             self._released = True
-            n = dist._held.get(self.key, 0) - 1
-            if n > 0:
-                dist._held[self.key] = n
-            else:
-                dist._held.pop(self.key, None)
+            self._dist._open.discard(self)
 
 
 class _Renewal:
@@ -427,6 +420,8 @@ class Distributed:
         self._held: dict[Hashable, int] = {}
         # Local slots taken while Redis failed, not yet entered in Redis (by token).
         self._local: weakref.WeakValueDictionary[str, LeasePermit] = weakref.WeakValueDictionary()
+        # Permits admitted without a slot ("open" mode while Redis fails), still held.
+        self._open: weakref.WeakSet[_OpenPermit] = weakref.WeakSet()
         # token -> key of every local slot not yet released or entered in Redis: one
         # that left _local without either was dropped (collected), its twin slot held.
         self._local_keys: dict[str, Hashable] = {}
@@ -979,12 +974,13 @@ class Distributed:
         """``(leases in Redis for key, backend counters, (held, waiting, keys, rejected)
         here)``; ``rejected`` counts the local twin's refusals while Redis failed."""
         with self.lock:
+            opened = [permit.key for permit in self._open]
             if key is None:
-                held = sum(self._held.values())
+                held = sum(self._held.values()) + len(opened)
                 waiting = sum(queue.live for queue in self._queues.values())
-                keys = len(self._held)
+                keys = len(self._held.keys() | set(opened))
             else:
-                held = self._held.get(key, 0)
+                held = self._held.get(key, 0) + opened.count(key)
                 queue = self._queues.get(self.keys_for(key)[0])
                 waiting = 0 if queue is None else queue.live
                 keys = 1 if held else 0

@@ -703,3 +703,38 @@ def test_unnamed_distributed_bulkheads_with_different_limits_do_not_share_slots(
     assert twin.statistics().shared_in_flight == 1
     for each in (*held, permit):
         each.release()
+
+
+def test_open_mode_permits_dropped_without_release_stop_counting(
+    redis_server: RedisServer, backends: Callable[..., RedisBackend]
+) -> None:
+    """A slotless permit ("open" mode, Redis down) counts as in flight while held, and
+    no longer once dropped without release()."""
+    bulkhead = rs.Bulkhead(
+        1, backend=backends(timeout=0.05), name="open-drop", on_backend_error="open"
+    )
+    redis_server.kill()
+    held = bulkhead.acquire_nowait("k")
+    bulkhead.acquire_nowait("k")  # dropped at once
+    gc.collect()
+    assert bulkhead.statistics("k").in_flight == 1
+    held.release()
+    assert bulkhead.statistics("k").in_flight == 0
+
+
+def test_a_limit_spent_by_local_slots_is_a_refusal_not_a_script_error(
+    redis_server: RedisServer, backends: Callable[..., RedisBackend]
+) -> None:
+    """Redis back, a local slot not yet entered: the limit passed to the script is 0
+    and the leases set empty. The script failed on the empty set (a new 'outage')."""
+    bulkhead = rs.Bulkhead(1, backend=backends(timeout=0.05), name="spent", lease=30.0)
+    redis_server.pause()
+    try:
+        local = bulkhead.acquire_nowait("k")  # the twin's slot
+    finally:
+        redis_server.resume()
+    time.sleep(1.2)  # past the probe interval: the next call asks Redis
+    with pytest.raises(rs.BulkheadFull):
+        bulkhead.acquire_nowait("k")
+    assert bulkhead.statistics("k").backend["backend_errors"] == 1  # type: ignore[index]
+    local.release()

@@ -349,3 +349,33 @@ def test_a_listener_added_again_is_logged_at_once(
         fallback.add_listener(broken)
         fallback(lambda: (_ for _ in ()).throw(rs.Rejected()))()
     assert len(caplog.records) == 2
+
+
+def test_distinct_listeners_that_compare_equal_both_receive() -> None:
+    """add_listener ignores the same listener added twice (the same object, or the same
+    bound method), not a distinct one that merely compares equal (dataclasses)."""
+    import dataclasses
+
+    @dataclasses.dataclass
+    class Collector:
+        events: list[rs.Event] = dataclasses.field(default_factory=list)
+
+        def __call__(self, event: rs.Event) -> None:
+            self.events.append(event)
+
+    audit, metrics = Collector(), Collector()
+    assert audit == metrics
+    retry = rs.Retry(on=ValueError, attempts=1)
+    for listener in (audit, metrics, audit):
+        retry.add_listener(listener)
+    seen: list[rs.Event] = []
+    retry.add_listener(seen.append)
+    retry.add_listener(seen.append)  # the same bound method: once
+    with pytest.raises(ValueError):
+        retry.call(int, "x")
+    assert (len(audit.events), len(metrics.events), len(seen)) == (1, 1, 1)
+    retry.remove_listener(metrics)
+    retry.remove_listener(seen.append)
+    with pytest.raises(ValueError):
+        retry.call(int, "x")
+    assert (len(audit.events), len(metrics.events), len(seen)) == (2, 1, 1)

@@ -199,28 +199,6 @@ def test_a_cut_call_that_fails_otherwise_leaves_no_cancel_request_behind() -> No
 
 
 @pytest.mark.anyio
-async def test_an_async_call_that_never_yields_still_times_out() -> None:
-    """No timer can cut a coroutine that blocks without awaiting; when it returns past
-    the limit its value is late, and discarded as on the sync path (asyncio and trio,
-    decorated and ``async with``)."""
-    import time
-
-    timeout = rs.Timeout(0.01)
-
-    @timeout
-    async def blocks() -> str:
-        time.sleep(0.03)
-        return "late"
-
-    with pytest.raises(rs.Timeout):
-        await blocks()
-    with pytest.raises(rs.Timeout):
-        async with timeout:
-            time.sleep(0.03)
-    assert timeout.statistics().timed_out == 2
-
-
-@pytest.mark.anyio
 @pytest.mark.timeout(30)  # the bug left the call hanging
 async def test_a_fake_clock_advanced_from_another_thread_still_cuts_the_call() -> None:
     """A FakeClock fires its timers in the thread that advances it (a sync endpoint's

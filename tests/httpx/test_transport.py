@@ -854,3 +854,17 @@ def test_a_retry_that_ends_in_a_server_error_is_not_counted_recovered(
     t = transport(upstream)
     assert send(t, "GET", A).status_code == status
     assert t.statistics().recovered == 0
+
+
+def test_an_inner_transport_can_read_the_body_inside_a_deadline() -> None:
+    """The attempt's copy of a read request is read too: an inner transport reading
+    request.content got RequestNotRead inside a deadline."""
+
+    class Echo(httpx.BaseTransport):
+        def handle_request(self, request: httpx.Request) -> httpx.Response:
+            return httpx.Response(200, content=request.content)
+
+    with httpx.Client(transport=ResilientTransport(Echo())) as client:
+        with rs.deadline(5.0):
+            response = client.post("http://api.test/echo", json={"a": 1})
+    assert response.json() == {"a": 1}

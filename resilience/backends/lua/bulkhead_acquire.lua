@@ -30,8 +30,13 @@ if held or count < limit then
   redis.call('PEXPIREAT', leases, tonumber(last[2]))
   return {1, count, lease}
 end
+-- No lease to wait for (the limit is spent by slots not in Redis yet): retry after a
+-- lease's length at the latest, as if one had just been taken.
 local first = redis.call('ZRANGE', leases, 0, 0, 'WITHSCORES')
-local wait = tonumber(first[2]) - now
+local wait = lease
+if first[2] then
+  wait = tonumber(first[2]) - now
+end
 if wait < 1 then
   wait = 1
 end
