@@ -34,7 +34,10 @@ from ._types import ASGIApp, Receive, Scope, Send
 __all__ = ["ConcurrencyLimitMiddleware", "header_priority"]
 
 _ALLOWED = ("bulkhead", "priority", "key", "max_wait")
-_URGENCY = re.compile(r"(?:^|,)\s*u\s*=\s*([0-9]+)")
+_URGENCY = re.compile(r"(?:^|,)\s*u\s*=\s*([0-9]{1,9})")
+#: A priority given as a number: ASCII digits, and few (str.isdigit() takes "²", which
+#: int() refuses, and int() refuses thousands of digits): a client must not get a 500.
+_INTEGER = re.compile(r"-?[0-9]{1,9}")
 #: RFC 9218: a Priority field without ``u`` has urgency 3.
 _RFC9218_DEFAULT_URGENCY = 3
 
@@ -90,7 +93,7 @@ def header_priority(
             value = raw.decode("latin-1").strip().lower()
             if value in lowered:
                 number = lowered[value]
-            elif value.lstrip("-").isdigit():
+            elif _INTEGER.fullmatch(value):
                 number = int(value)
             else:
                 match = _URGENCY.search(value)
@@ -108,9 +111,6 @@ def header_priority(
 
 #: ``max_queue="auto"``: at least this many may wait (more if the bulkhead has more slots).
 AUTO_QUEUE = 64
-
-#: The rank of a request without a priority: the bulkhead's default serves it.
-_URGENT = 0
 
 
 class _Waiter:
@@ -150,6 +150,7 @@ class _Queue:
 class _Plan:
     __slots__ = (
         "acquire",
+        "default_rank",
         "key",
         "max_wait",
         "policy",
@@ -203,6 +204,9 @@ class _Plan:
             "max_wait", max_wait, allow_none=True, allow_inf=True
         )
         self.queue = queue
+        #: The rank in the bounded queue of a request without a priority: the one the
+        #: bulkhead serves it at (its default).
+        self.default_rank: int = bulkhead._default_priority
 
 
 class ConcurrencyLimitMiddleware(Observed):
@@ -385,13 +389,14 @@ class ConcurrencyLimitMiddleware(Observed):
                     await _release_async(permit)
             return
         admitted = self._clock.monotonic()
-        self._emit(
-            RequestAdmitted(
-                policy=plan.policy, key=key, waited=admitted - started, priority=priority
-            )
-        )
         outcome = "completed"
         try:
+            # Inside: a listener that raises (even a BaseException) must not keep the slot.
+            self._emit(
+                RequestAdmitted(
+                    policy=plan.policy, key=key, waited=admitted - started, priority=priority
+                )
+            )
             await self.app(scope, receive, send)
         except BaseException as exc:
             outcome = "cancelled" if isinstance(exc, anyio.get_cancelled_exc_class()) else "error"
@@ -420,13 +425,17 @@ class ConcurrencyLimitMiddleware(Observed):
         refused. Raises :class:`BulkheadFull` when refused or displaced.
         """
         queue = plan.queue
-        rank = _URGENT if priority is None else priority
+        rank = plan.default_rank if priority is None else priority
         queue.arrivals += 1
         waiter = _Waiter(rank, queue.arrivals)
         line: list[_Waiter] | None = None
 
         def may_wait() -> bool:
             nonlocal line
+            if line is not None:
+                # Asked again for the same request (a distributed bulkhead whose Redis
+                # failed while it waited moves it to its local twin): it is in line.
+                return True
             line = queue.waiting.get(key)
             if line is None:
                 line = queue.waiting[key] = []

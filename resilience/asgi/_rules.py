@@ -225,6 +225,13 @@ def path_predicate(patterns: Sequence[str | re.Pattern[str]]) -> Callable[[str],
     """A fast ``path -> bool`` for exempt lists (``None`` if the list is empty)."""
     if not patterns:
         return None
+    for pattern in patterns:
+        if isinstance(pattern, str) and not pattern.startswith("/"):
+            # A request path always starts with "/": this would never exempt anything.
+            raise ConfigurationError(
+                f"an exempt path must start with '/', got {pattern!r} (did you mean "
+                f"{'/' + pattern!r}?)"
+            )
     exact = frozenset(p for p in patterns if _is_literal(p))
     compiled = [compile_pattern(p) for p in patterns if not _is_literal(p)]
     if not compiled:

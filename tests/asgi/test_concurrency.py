@@ -515,3 +515,90 @@ def test_a_bulkhead_or_priority_it_would_refuse_per_request_is_refused_when_buil
         ConcurrencyLimitMiddleware(ok_app, bulkhead=RateLimiter("1/s"))
     with pytest.raises(ConfigurationError, match="priority"):
         ConcurrencyLimitMiddleware(ok_app, bulkhead=Bulkhead(1), priority=10**20)
+
+
+@pytest.mark.parametrize("value", ["\u00b2", "1\u00b3", "--3", "9" * 12, "u=" + "9" * 5000])
+def test_a_priority_header_that_is_no_number_gives_the_default(value: str) -> None:
+    """ "²" passed str.isdigit() and broke int(); so did "--3" and 5000 digits: a 500
+    any client could cause. An unreadable priority is the default."""
+    priority = header_priority("x-priority", default=5)
+    scope = http_scope(headers=[("x-priority", value)])
+    scope["headers"] = [(b"x-priority", value.encode("latin-1", "replace"))]
+    assert priority(scope) in (5, 10)  # the default, or u= clamped to the maximum
+
+
+async def test_a_request_without_priority_ranks_at_the_bulkhead_s_default() -> None:
+    """The bounded queue ranked a request without a priority as 0 (most urgent), though
+    the bulkhead serves it at its default (10 here): an interactive request (0) was
+    then refused instead of displacing it."""
+    gate = Gate()
+    bulkhead = Bulkhead(1, max_wait=60, priority=10, clock=FakeClock())
+    app = ConcurrencyLimitMiddleware(
+        gate, bulkhead=bulkhead, max_queue=1, rules=[Rule("/interactive", priority=0)]
+    )
+    results: dict[str, int] = {}
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(record, app, http_scope("/hold"), results)
+        await wait_for(lambda: gate.entered)
+        tg.start_soon(record, app, http_scope("/batchy"), results)
+        await wait_for(lambda: bulkhead.statistics().waiting == 1)
+        tg.start_soon(record, app, http_scope("/interactive"), results)
+        await wait_for(lambda: "/batchy" in results)
+        gate.release.set()
+    assert results == {"/hold": 200, "/batchy": 503, "/interactive": 200}
+
+
+async def test_a_listener_that_raises_on_admission_does_not_keep_the_slot() -> None:
+    """RequestAdmitted was emitted before the block that releases the permit: a
+    listener raising a BaseException there kept the slot for good."""
+    bulkhead = Bulkhead(1, clock=FakeClock())
+    app = ConcurrencyLimitMiddleware(ok_app, bulkhead=bulkhead)
+
+    def interrupt(event: Any) -> None:
+        if type(event).__name__ == "RequestAdmitted":
+            raise KeyboardInterrupt
+
+    app.add_listener(interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        await call(app, http_scope())
+    assert bulkhead.statistics().in_flight == 0
+
+
+def test_an_exempt_path_without_its_slash_is_refused() -> None:
+    """exempt=["healthz"] never matched a request path (they start with "/")."""
+    with pytest.raises(ConfigurationError, match="did you mean '/healthz'"):
+        ConcurrencyLimitMiddleware(ok_app, bulkhead=Bulkhead(1), exempt=["healthz"])
+
+
+async def test_a_waiter_moved_to_the_local_twin_is_in_line_once(redis_server: Any) -> None:
+    """Redis fails while a request waits for a distributed bulkhead: it goes on waiting
+    on the local twin, which asked the queue bound again and entered it a second time;
+    only one entry left with it, and the phantom kept a queue place for good."""
+    from resilience.backends import RedisBackend
+
+    gates: dict[str, anyio.Event] = {}
+
+    async def gated(scope: Any, receive: Any, send: Any) -> None:
+        await gates.setdefault(scope["path"], anyio.Event()).wait()
+        await ok_app(scope, receive, send)
+
+    bulkhead = Bulkhead(
+        1,
+        max_wait=5,
+        name="phantom",
+        backend=RedisBackend.from_url(redis_server.url, timeout=0.05),
+        on_backend_error="local",
+    )
+    app = ConcurrencyLimitMiddleware(gated, bulkhead=bulkhead, max_queue=1)
+    results: dict[str, int] = {}
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(record, app, http_scope("/a"), results)
+        await anyio.sleep(0.1)
+        tg.start_soon(record, app, http_scope("/b"), results)
+        await wait_for(lambda: bulkhead.statistics().waiting == 1)
+        redis_server.kill()
+        await anyio.sleep(1.5)  # b's next try finds Redis gone: it waits on the twin
+        gates.setdefault("/a", anyio.Event()).set()
+        gates.setdefault("/b", anyio.Event()).set()
+    assert results == {"/a": 200, "/b": 200}
+    assert app._default.queue.waiting == {}  # no phantom left in the bounded queue
