@@ -124,6 +124,7 @@ class FaultMiddleware(Observable):
         self._rng = random.Random(f"{self.seed}/headers")
         self._rng_lock = threading.Lock()
         self._header_faults = 0
+        self._requests = 0  # HTTP requests seen (the core counts only when it has faults)
 
     def _draw(self) -> float:
         with self._rng_lock:
@@ -148,9 +149,11 @@ class FaultMiddleware(Observable):
         delay_ms = wanted.get(self._delay_header)
         if delay_ms is not None and self._draw() < _percentage(wanted.get(self._delay_pct_header)):
             try:
-                delay = min(max(float(delay_ms) / 1000.0, 0.0), self._max_header_delay)
+                seconds = float(delay_ms) / 1000.0
             except ValueError:
-                delay = 0.0
+                seconds = 0.0
+            # "nan" parses as a float and survives min/max: a client must not get a 500.
+            delay = min(max(seconds, 0.0), self._max_header_delay) if seconds == seconds else 0.0
         code = wanted.get(self._abort_header)
         if code is not None and self._draw() < _percentage(wanted.get(self._abort_pct_header)):
             try:
@@ -168,6 +171,7 @@ class FaultMiddleware(Observable):
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        self._requests += 1
         delay, status = self._from_headers(scope) if self._headers else (0.0, None)
         plan: Plan | None = None
         if self._core is not None:
@@ -220,7 +224,7 @@ class FaultMiddleware(Observable):
         injected = dict(stats.injected)
         if self._header_faults:
             injected["header"] = self._header_faults
-        return FaultStatistics(stats.calls, injected)
+        return FaultStatistics(self._requests, injected)
 
     def __repr__(self) -> str:
         return f"<FaultMiddleware {self.name!r} seed={self.seed}>"

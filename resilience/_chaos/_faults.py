@@ -108,7 +108,7 @@ class Faults(PolicyBase):
             await fetch("https://example.com")
     """
 
-    __slots__ = ("_clock", "_core", "_switch", "faults", "seed")
+    __slots__ = ("_clock", "_core", "_key", "_switch", "faults", "seed")
 
     def __init__(
         self,
@@ -167,6 +167,7 @@ class Faults(PolicyBase):
         self.faults: tuple[Fault, ...] = tuple(specs)
         self._clock = check_clock("clock", clock)
         self._switch = switch_for(enabled)
+        self._key = key  # events carry the call's key, as the transports' carry theirs
         self._core = FaultCore(
             [(spec, None) for spec in specs],
             seed=self.seed,
@@ -181,7 +182,7 @@ class Faults(PolicyBase):
     def _plan(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Plan | None:
         plan = self._core.decide(self._clock.monotonic(), args, kwargs)
         if plan is not None and self._observed:
-            emit_plan(self, plan)
+            emit_plan(self, plan, None if self._key is None else self._key(*args, **kwargs))
         return plan
 
     def call(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:

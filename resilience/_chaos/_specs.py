@@ -307,7 +307,17 @@ class Error(Fault):
                     f"exception {exc.__name__} cannot be built from a message; pass an "
                     f"instance or a factory instead ({error})"
                 ) from None
-        elif not isinstance(exc, BaseException) and not callable(exc):
+        elif isinstance(exc, BaseException):
+            try:
+                copy.copy(exc)
+            except Exception as error:
+                # Raising the one instance every time would share it between calls and
+                # grow its traceback (and the frames it holds) with every raise.
+                raise ConfigurationError(
+                    f"the exception {exc!r} cannot be copied ({error}); pass a factory "
+                    "instead: Error(lambda: ...)"
+                ) from None
+        elif not callable(exc):
             raise ConfigurationError(
                 f"exception must be an exception type, instance or factory, got {exc!r}"
             )
@@ -318,10 +328,7 @@ class Error(Fault):
         if isinstance(exc, type):
             return _instantiate(exc)
         if isinstance(exc, BaseException):
-            try:
-                fresh = copy.copy(exc)
-            except Exception:
-                return exc
+            fresh = copy.copy(exc)  # copyable: checked when built
             fresh.__traceback__ = None
             return fresh
         made = exc()

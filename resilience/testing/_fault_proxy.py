@@ -276,8 +276,10 @@ class FaultProxy:
         return self._thread is not None and self._thread.is_alive()
 
     def url(self, scheme: str = "tcp", path: str = "") -> str:
-        """``scheme://host:port`` + ``path`` of the proxy (e.g. ``proxy.url("redis", "/0")``)."""
-        return f"{scheme}://{self.host}:{self.port}{path}"
+        """``scheme://host:port`` + ``path`` of the proxy (e.g. ``proxy.url("redis", "/0")``);
+        an IPv6 host is written in brackets (``redis://[::1]:6390/0``)."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{scheme}://{host}:{self.port}{path}"
 
     @property
     def address(self) -> tuple[str, int]:

@@ -556,3 +556,38 @@ def test_repr_names_faults_and_seed() -> None:
     text = repr(Faults(chaos.Latency(chaos.uniform(0.1, 0.2)), seed=77))
     assert "uniform(0.1, 0.2)" in text
     assert "seed=77" in text
+
+
+def test_an_instance_that_cannot_be_copied_is_refused_when_built() -> None:
+    """chaos.Error(instance) raises a copy each time; an instance whose __init__ takes
+    other arguments than its args cannot be copied, and the one object was raised every
+    time instead, its traceback (and the frames it holds) growing with every raise."""
+
+    class UpstreamError(Exception):
+        def __init__(self, service: str, status: int) -> None:
+            super().__init__(f"{service} answered {status}")
+
+    with pytest.raises(rs.ConfigurationError, match="factory"):
+        chaos.Error(UpstreamError("billing", 502))
+    factory = chaos.Error(lambda: UpstreamError("billing", 502))
+    assert factory.build() is not factory.build()
+
+
+def test_fault_events_carry_the_call_s_key() -> None:
+    """Faults(key=...) reported FaultInjected with key=None."""
+    events: list[rs.Event] = []
+    faults = rs.Faults(error_rate=1.0, key=lambda user: user, seed=1, enabled=True)
+    faults.add_listener(events.append)
+    with pytest.raises(rs.InjectedFault):
+        faults.call(lambda user: "ok", "alice")
+    assert [e.key for e in events] == ["alice"]
+
+
+def test_a_proxy_on_ipv6_loopback_gives_a_url_clients_parse() -> None:
+    """FaultProxy(host="::1").url() was redis://::1:PORT/0, which nothing parses."""
+    from urllib.parse import urlsplit
+
+    from resilience.testing import FaultProxy
+
+    proxy = FaultProxy(6390, host="::1")
+    assert urlsplit(proxy.url("redis", "/0")).hostname == "::1"

@@ -205,3 +205,19 @@ def test_bad_arguments() -> None:
         FaultMiddleware(app, faults=chaos.Truncate(), enabled=True)
     with pytest.raises(rs.ConfigurationError, match="needs faults= or headers=True"):
         FaultMiddleware(app, headers=False, enabled=True)
+
+
+@pytest.mark.anyio
+async def test_a_delay_header_of_nan_is_ignored_and_requests_are_counted() -> None:
+    """x-fault-delay-request: nan survived min/max and the sleep raised ValueError: a
+    500 any client could cause. And statistics().calls stayed 0 with header faults only."""
+    middleware = FaultMiddleware(app, enabled=True, seed=1)
+    async with client(middleware) as http:
+        for value in ("nan", "NaN", "abc"):
+            response = await http.get("/", headers={"x-fault-delay-request": value})
+            assert response.status_code == 200
+        aborted = await http.get("/", headers={"x-fault-abort-request": "503"})
+        assert aborted.status_code == 503
+    stats = middleware.statistics()
+    assert stats.calls == 4
+    assert stats.injected == {"header": 1}
