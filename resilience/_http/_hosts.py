@@ -76,8 +76,7 @@ def check_host_patterns(what: str, hosts: Any) -> list[tuple[str, Any]]:
         if (
             not isinstance(pattern, str)
             or not pattern
-            or "://" in pattern
-            or "/" in pattern
+            or "/" in pattern  # a scheme (://) or a path
             or any(c.isspace() for c in pattern)
         ):
             raise ConfigurationError(

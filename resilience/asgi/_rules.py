@@ -225,14 +225,13 @@ def path_predicate(patterns: Sequence[str | re.Pattern[str]]) -> Callable[[str],
     """A fast ``path -> bool`` for exempt lists (``None`` if the list is empty)."""
     if not patterns:
         return None
-    for pattern in patterns:
-        if isinstance(pattern, str) and not pattern.startswith("/"):
-            # A request path always starts with "/": this would never exempt anything.
+    exact = frozenset(p for p in patterns if isinstance(p, str) and _is_literal(p))
+    for path in exact:  # compile_pattern checks the others
+        if not path.startswith("/"):  # a request path does: this would exempt nothing
             raise ConfigurationError(
-                f"an exempt path must start with '/', got {pattern!r} (did you mean "
-                f"{'/' + pattern!r}?)"
+                f"an exempt path must start with '/', got {path!r} (did you mean "
+                f"{'/' + path!r}?)"
             )
-    exact = frozenset(p for p in patterns if _is_literal(p))
     compiled = [compile_pattern(p) for p in patterns if not _is_literal(p)]
     if not compiled:
         return exact.__contains__

@@ -602,3 +602,9 @@ async def test_a_waiter_moved_to_the_local_twin_is_in_line_once(redis_server: An
         gates.setdefault("/b", anyio.Event()).set()
     assert results == {"/a": 200, "/b": 200}
     assert app._default.queue.waiting == {}  # no phantom left in the bounded queue
+
+
+def test_an_exempt_wildcard_is_still_accepted() -> None:
+    """The leading-slash check of exempt paths concerns literal paths: "*" (every path)
+    and "/static/*" are patterns, checked as before."""
+    ConcurrencyLimitMiddleware(ok_app, bulkhead=Bulkhead(1), exempt=["*", "/static/*"])
