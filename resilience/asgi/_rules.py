@@ -229,8 +229,7 @@ def path_predicate(patterns: Sequence[str | re.Pattern[str]]) -> Callable[[str],
     for path in exact:  # compile_pattern checks the others
         if not path.startswith("/"):  # a request path does: this would exempt nothing
             raise ConfigurationError(
-                f"an exempt path must start with '/', got {path!r} (did you mean "
-                f"{'/' + path!r}?)"
+                f"an exempt path must start with '/', got {path!r} (did you mean {'/' + path!r}?)"
             )
     compiled = [compile_pattern(p) for p in patterns if not _is_literal(p)]
     if not compiled:
