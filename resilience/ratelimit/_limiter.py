@@ -350,9 +350,9 @@ class RateLimiter(PolicyBase):
             key = self._key  # the limiter's constant key, if it has one
         if cost is not _ONE:  # True and 1.0 equal 1 but are no cost: checked
             self._check_cost(cost)
-            if cost == 0:  # a peek: nothing taken, nothing admitted or refused
-                return self._buckets.take(key, 0, 0)  # type: ignore[no-any-return]
-        return self._count(self._buckets.take(key, cost, 0), key)
+        decision = self._buckets.take(key, cost, 0)
+        # A peek (cost 0) takes nothing: neither an admission nor a refusal.
+        return decision if cost == 0 else self._count(decision, key)
 
     async def _decide_async(self, key: Hashable, cost: int) -> Decision:
         if key is None:
@@ -360,12 +360,12 @@ class RateLimiter(PolicyBase):
         if cost is not _ONE:  # True and 1.0 equal 1 but are no cost: checked
             self._check_cost(cost)
         buckets = self._buckets
-        decision = buckets.take(key, cost, 0) if buckets.local else None
-        if decision is None:
+        if buckets.local:
+            decision = buckets.take(key, cost, 0)
+        else:
             decision = await buckets.take_async(key, cost, 0)
-        if cost == 0:  # a peek: nothing taken, nothing admitted or refused
-            return decision  # type: ignore[no-any-return]
-        return self._count(decision, key)
+        # A peek (cost 0) takes nothing: neither an admission nor a refusal.
+        return decision if cost == 0 else self._count(decision, key)
 
     def acquire(
         self, key: Hashable = None, cost: int = 1, *, max_wait: float | None = None
