@@ -147,7 +147,7 @@ class WindowBuckets:
         self._lock = contextlib.nullcontext() if backend is not None else threading.Lock()
         self._async_strategies: dict[asyncio.AbstractEventLoop, Any] = {}
         # The keys seen in memory, least recently used first (None: no cap, on Redis).
-        self._max_keys = max_keys
+        self._max_keys = max_keys or 0
         self._keys: OrderedDict[tuple[str, ...], None] | None = (
             None if max_keys is None else OrderedDict()
         )
@@ -242,7 +242,7 @@ class WindowBuckets:
     def _track(self, ids: tuple[str, ...]) -> None:
         """Note ``ids`` as just used; at the cap, clear the least recently used tenth."""
         keys = self._keys
-        if keys is None or self._max_keys is None:
+        if keys is None:
             return
         if ids in keys:
             keys.move_to_end(ids)
@@ -336,7 +336,11 @@ class WindowBuckets:
         also ``keys`` (windows tracked) and ``evictions`` (windows the cap cleared)."""
         if self._keys is None:
             return {"round_trips": self.round_trips}
-        return {"round_trips": 0, "keys": len(self._keys), "evictions": self.evictions}
+        return {
+            "round_trips": self.round_trips,
+            "keys": len(self._keys),
+            "evictions": self.evictions,
+        }
 
     # Every window decision asks the storage: the recovery probe is a plain decision.
     probe = take
