@@ -236,13 +236,12 @@ class Bulkhead(PolicyBase):
             with permit:
                 ...
         """
-        if self._remote is not None:
-            permit = self._remote.acquire(key, self._default_priority, 0.0)
-        else:
-            n = self._slots.try_acquire(key)
-            if not n:
+        if self._remote is None:
+            permit = self._try_quietly(key)
+            if permit is None:
                 raise self._rejected(key)
-            permit = Permit(self, key, self._sample_start(n))
+            return permit
+        permit = self._remote.acquire(key, self._default_priority, 0.0)
         if self._listeners or GLOBAL_LISTENERS:
             self._report_held(key, 0.0, permit.release)
         return permit
@@ -251,17 +250,15 @@ class Bulkhead(PolicyBase):
         """A slot of ``key`` if one is free now, else ``None`` without counting a
         rejection (for optional work that is just not done, like a hedge); an admission
         is reported as usual. A distributed bulkhead asks Redis, where a refusal counts."""
-        permit: Permit | None
         if self._remote is not None:
             try:
-                permit = self._remote.acquire(key, self._default_priority, 0.0)
+                return self.acquire_nowait(key)
             except BulkheadFull:
                 return None
-        else:
-            n = self._slots.try_acquire(key)
-            if not n:
-                return None
-            permit = Permit(self, key, self._sample_start(n))
+        n = self._slots.try_acquire(key)
+        if not n:
+            return None
+        permit = Permit(self, key, self._sample_start(n))
         if self._listeners or GLOBAL_LISTENERS:
             self._report_held(key, 0.0, permit.release)
         return permit
