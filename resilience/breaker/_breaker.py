@@ -11,6 +11,7 @@ from contextvars import ContextVar
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar, cast
 
+from .._blocks import pop_innermost
 from .._clock import SYSTEM_CLOCK, Clock
 from .._events import GLOBAL_LISTENERS, CallRejected
 from .._keyed import BoundedMap
@@ -682,18 +683,15 @@ class CircuitBreaker(PolicyBase):
         _ENTERED.set((*_ENTERED.get(), (self, permit)))
 
     def _leave(self) -> Permit:
-        stack = _ENTERED.get()
-        # The innermost block of this breaker still open (the last entry, unless blocks
-        # of several breakers were exited out of order by hand). Settled permits are
-        # dropped on the way: a block left open by an abandoned async generator is
-        # exited by another task, in a copy of this context, leaving its permit here.
-        for index in range(len(stack) - 1, -1, -1):
-            breaker, permit = stack[index]
-            if breaker is self and not permit.done:
-                kept = tuple(entry for entry in stack[:index] if not entry[1].done)
-                _ENTERED.set(kept + stack[index + 1 :])
-                return permit
-        raise RuntimeError(f"{self!r}: exit without a matching enter")
+        # The innermost block of this breaker still open (see pop_innermost).
+        found = pop_innermost(
+            _ENTERED.get(), mine=lambda entry: entry[0] is self, settled=lambda entry: entry[1].done
+        )
+        if found is None:
+            raise RuntimeError(f"{self!r}: exit without a matching enter")
+        (_, permit), rest = found
+        _ENTERED.set(rest)
+        return permit
 
     def __enter__(self) -> CircuitBreaker:
         self._enter(self.acquire_nowait())

@@ -18,6 +18,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar
 
 from .. import _deadline
+from .._blocks import pop_innermost
 from .._clock import SYSTEM_CLOCK, Clock
 from .._events import GLOBAL_LISTENERS, CallRejected
 from .._policy import PolicyBase
@@ -746,19 +747,18 @@ class Bulkhead(PolicyBase):
         return _check_priority("priority", priority)
 
     def _pop_held(self) -> Permit:
-        """The permit of the innermost ``with`` block of this bulkhead still held.
-
-        Permits already released are dropped on the way: a block left open by an
-        abandoned async generator is exited by another task, in a copy of this context,
-        so its released permit stays here and must not be taken for this block's.
-        """
-        held = _HELD.get()
-        for index in range(len(held) - 1, -1, -1):
-            permit = held[index]
-            if permit._bulkhead is self and not permit.released:
-                _HELD.set(tuple(p for p in held[:index] if not p.released) + held[index + 1 :])
-                return permit
-        raise RuntimeError("Bulkhead.__exit__ without a matching __enter__")
+        """The permit of the innermost ``with`` block of this bulkhead still held (see
+        :func:`~resilience._blocks.pop_innermost`)."""
+        found = pop_innermost(
+            _HELD.get(),
+            mine=lambda permit: permit._bulkhead is self,
+            settled=lambda permit: permit.released,
+        )
+        if found is None:
+            raise RuntimeError("Bulkhead.__exit__ without a matching __enter__")
+        permit, rest = found
+        _HELD.set(rest)
+        return permit
 
 
 class _NoTimer:
