@@ -59,8 +59,9 @@ def _priority(request: Request, body: dict[str, Any]) -> int:
     raw = str(body.get("priority") or request.headers.get("x-priority") or "default").lower()
     if raw in _PRIORITIES:
         return _PRIORITIES[raw]
-    # isdecimal, not isdigit: "²" is a digit that int() refuses (a 500, not a priority).
-    return min(10, max(0, int(raw))) if raw.isascii() and raw.isdecimal() else 5
+    # ASCII digits, and few: "²" passes isdigit() and thousands of digits pass
+    # isdecimal(), but int() refuses both (a 500, not a priority).
+    return min(10, max(0, int(raw))) if raw.isascii() and raw.isdecimal() and len(raw) <= 9 else 5
 
 
 class Service:

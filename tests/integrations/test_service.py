@@ -294,7 +294,7 @@ def test_spellings_of_one_video_share_one_job_and_its_files(make_service):
     assert cached.json()["cached"] is True
 
 
-@pytest.mark.parametrize("priority", ["²", "①", "-3", "high"])
+@pytest.mark.parametrize("priority", ["²", "①", "-3", "high", "9" * 5000])
 def test_a_priority_that_is_no_number_gets_the_default_not_a_500(make_service, priority):
     """A priority the service cannot read is the default one: "²" is a Unicode digit that
     int() refuses, and it used to end the request in a 500."""
