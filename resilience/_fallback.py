@@ -10,7 +10,7 @@ from typing import Any, Generic, ParamSpec, TypeVar, overload
 from ._clock import Clock
 from ._events import FallbackUsed
 from ._matching import ExceptionFilter, ExceptionMatcher
-from ._policy import PolicyBase, decorate
+from ._policy import PolicyBase, decorate, refuse_async
 from ._timeout import Timeout
 from ._validate import check_clock
 from .errors import Rejected
@@ -112,7 +112,7 @@ class Fallback(PolicyBase, Generic[R]):
     ) -> None:
         super().__init__(name=name)
         self._clock: Clock = check_clock("clock", clock)
-        self._matches = ExceptionMatcher("on", on)
+        self._matches = ExceptionMatcher("on", on, exceptions_only=True)
         self._callable = callable(value_or_callable)
         self._value = value_or_callable
         self._takes_error = self._callable and _accepts_argument(value_or_callable)
@@ -146,6 +146,7 @@ class Fallback(PolicyBase, Generic[R]):
         self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs
     ) -> T | R:
         """Run ``fn(*args, **kwargs)``; on a matching error return the fallback."""
+        refuse_async(self, fn)
         try:
             return fn(*args, **kwargs)
         except Exception as exc:

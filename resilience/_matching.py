@@ -23,12 +23,25 @@ ExceptionFilter = (
 )
 
 
+def _never_seen(name: str, kind: type[BaseException]) -> ConfigurationError:
+    return ConfigurationError(
+        f"{name}: {kind.__name__} is not an Exception subclass, so it never reaches this "
+        "policy (cancellation, KeyboardInterrupt and SystemExit always pass through)"
+    )
+
+
 def exception_filter(
-    name: str, on: Any
+    name: str, on: Any, *, exceptions_only: bool = False
 ) -> tuple[tuple[type[BaseException], ...] | None, Callable[[BaseException], bool] | None]:
-    """Split ``on`` into ``(types, predicate)``: exactly one of them is not ``None``."""
+    """Split ``on`` into ``(types, predicate)``: exactly one of them is not ``None``.
+
+    ``exceptions_only``: the policy handles :class:`Exception` instances only, so a
+    type that can only match others (``KeyboardInterrupt``) is refused as a mistake.
+    """
     if isinstance(on, type):
         if issubclass(on, BaseException):
+            if exceptions_only and not issubclass(on, Exception) and on is not BaseException:
+                raise _never_seen(name, on)
             return (on,), None
         raise ConfigurationError(
             f"{name} must be exception types or a predicate, got the class {on!r}, "
@@ -42,6 +55,8 @@ def exception_filter(
                 raise ConfigurationError(
                     f"{name} must be exception types or a predicate, got {item!r} in {on!r}"
                 )
+            if exceptions_only and not issubclass(item, Exception) and item is not BaseException:
+                raise _never_seen(name, item)
         return tuple(on), None
     if callable(on):
         try:
@@ -67,8 +82,8 @@ class ExceptionMatcher:
 
     __slots__ = ("predicate", "types")
 
-    def __init__(self, name: str, on: Any) -> None:
-        self.types, self.predicate = exception_filter(name, on)
+    def __init__(self, name: str, on: Any, *, exceptions_only: bool = False) -> None:
+        self.types, self.predicate = exception_filter(name, on, exceptions_only=exceptions_only)
 
     def __call__(self, exc: BaseException) -> bool:
         if self.types is not None:

@@ -33,6 +33,8 @@ __all__ = ["Pipeline", "PipelineStatistics", "Policy", "PolicyBase", "decorate"]
 P = ParamSpec("P")
 T = TypeVar("T")
 
+_CO_COROUTINE = inspect.CO_COROUTINE
+
 
 @runtime_checkable
 class Policy(Protocol):
@@ -83,6 +85,23 @@ def is_async_callable(fn: object) -> bool:
         and not inspect.isroutine(fn)
         and inspect.iscoroutinefunction(type(fn).__call__)
     )
+
+
+def refuse_async(policy: object, fn: object) -> None:
+    """Refuse ``policy.call(async_fn)`` with ``TypeError``.
+
+    The sync ``call`` of an ``async def`` function only creates the coroutine: the
+    policy would admit, time or retry nothing of the work, which runs when the caller
+    awaits the coroutine, outside the policy (``await breaker.call(fetch)`` reads
+    right and protects nothing). Checked on the function's code flags, the cost of
+    one attribute read; partials and callable objects are not inspected here.
+    """
+    code = getattr(fn, "__code__", None)
+    if code is not None and code.co_flags & _CO_COROUTINE:
+        raise TypeError(
+            f"{fn!r} is an async function: use `await policy.call_async(fn, ...)` "
+            f"(or decorate it) to run it under {policy!r}"
+        )
 
 
 def decorate(policy: Policy | Fallback[Any], fn: Callable[P, T]) -> Callable[P, T]:
@@ -278,6 +297,7 @@ class Pipeline(PolicyBase):
 
     def call(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         """Run ``fn(*args, **kwargs)`` through every policy, outermost first."""
+        refuse_async(self, fn)
         return self._chain(fn, is_async=False)(*args, **kwargs)  # type: ignore[no-any-return]
 
     async def call_async(

@@ -12,7 +12,7 @@ from ._budget import RetryBudget
 from ._clock import Clock
 from ._events import RetriesExhausted, RetryBudgetExhausted, RetryScheduled
 from ._matching import ExceptionFilter, ExceptionMatcher
-from ._policy import PolicyBase
+from ._policy import PolicyBase, refuse_async
 from ._validate import (
     check_backoff,
     check_bool,
@@ -73,7 +73,12 @@ class Retry(PolicyBase):
     * ``delay`` would overrun the ``deadline`` (total seconds since the first attempt)
       or the ambient deadline (:func:`resilience.deadline`, an outer Timeout): it never
       starts a sleep it cannot finish;
-    * the shared :class:`RetryBudget` is empty.
+    * the shared :class:`RetryBudget` is empty;
+    * a finite ``backoff`` schedule has no delay left (``reason="attempts"``).
+
+    The deadline stops attempts and sleeps from starting; it cancels nothing. An
+    attempt still running at the deadline is cut only by a :class:`Timeout` (inside
+    the retry, it clamps to the deadline).
 
     ``on=`` is required: exception types, or a predicate of the exception. Only
     :class:`Exception` subclasses are ever retried; cancellation and ``KeyboardInterrupt``
@@ -101,7 +106,7 @@ class Retry(PolicyBase):
         name: str | None = None,
     ) -> None:
         super().__init__(name=name)
-        self._matches = ExceptionMatcher("on", on)
+        self._matches = ExceptionMatcher("on", on, exceptions_only=True)
         self._on_result = check_callable("on_result", on_result)
         self.attempts: int = check_int("attempts", attempts, minimum=1)
         self.deadline: float | None = check_number(
@@ -185,6 +190,7 @@ class Retry(PolicyBase):
 
     def call(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         """Run ``fn(*args, **kwargs)``, retrying as configured."""
+        refuse_async(self, fn)
         if self.budget is not None:
             self.budget.deposit()
         if self.deadline is None:

@@ -20,7 +20,7 @@ from . import (
 from ._clock import SYSTEM_CLOCK, Clock
 from ._deadline import _DEADLINE, Deadline
 from ._events import TimedOut
-from ._policy import PolicyBase
+from ._policy import PolicyBase, refuse_async
 from .errors import ResilienceError
 
 __all__ = ["Timeout", "TimeoutStatistics"]
@@ -166,6 +166,7 @@ class Timeout(PolicyBase, ResilienceError, TimeoutError):
 
     def call(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         """Run ``fn(*args, **kwargs)``; raise Timeout if it starts or ends past the limit."""
+        refuse_async(self, fn)
         seconds = self._budget()
         if seconds <= 0:
             raise self._error(self.seconds)

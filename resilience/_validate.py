@@ -125,6 +125,11 @@ def check_backoff(value: Any) -> Any:
             f"schedule), not a one-shot iterator or generator: got {value!r}"
         )
     if isinstance(value, list | tuple):  # known up front: check every delay now
+        if not value:
+            raise ConfigurationError(
+                "backoff is empty: no retry could ever happen (a finite schedule caps "
+                "the attempts; for no retries at all use attempts=1)"
+            )
         for delay in value:
             check_number("backoff delay", delay, minimum=0.0)
     return value

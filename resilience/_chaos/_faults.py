@@ -7,7 +7,7 @@ from typing import Any, ParamSpec, TypeVar
 
 from .._clock import Clock
 from .._deferred import armed
-from .._policy import PolicyBase
+from .._policy import PolicyBase, refuse_async
 from .._validate import check_clock, check_int, check_number, check_probability
 from ..errors import ConfigurationError, InjectedFault
 from ._core import FaultCore, Plan, new_seed
@@ -187,6 +187,7 @@ class Faults(PolicyBase):
 
     def call(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         """Run ``fn(*args, **kwargs)``, injecting faults when chaos is enabled."""
+        refuse_async(self, fn)
         if not self._switch():
             return fn(*args, **kwargs)
         plan = self._plan(args, kwargs)

@@ -16,7 +16,7 @@ from .._clock import SYSTEM_CLOCK, Clock
 from .._events import GLOBAL_LISTENERS, CallRejected
 from .._keyed import BoundedMap
 from .._matching import ExceptionFilter
-from .._policy import PolicyBase, is_async_callable, is_generator_function
+from .._policy import PolicyBase, is_async_callable, is_generator_function, refuse_async
 from .._validate import check_callable, check_clock, check_int, check_number
 from ..errors import ConfigurationError, Rejected
 from ._config import FAILURE, IGNORE, SUCCESS, BreakerConfig, Outcome
@@ -537,6 +537,7 @@ class CircuitBreaker(PolicyBase):
 
     def call(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         """Run ``fn(*args, **kwargs)`` through the breaker (raises CircuitOpen when open)."""
+        refuse_async(self, fn)
         core = self._core or self._core_for(args, kwargs)
         ticket = core.fast
         if ticket is None or not self._plain or self._listeners or GLOBAL_LISTENERS:

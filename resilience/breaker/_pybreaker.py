@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, ParamSpec, TypeVar
 
-from .._policy import PolicyBase
+from .._policy import PolicyBase, refuse_async
 from .._validate import check_bool
 from ..errors import CircuitOpen, ConfigurationError, Rejected
 from ._events import BreakerStateChanged, OutcomeRecorded
@@ -179,6 +179,7 @@ class PyBreakerPolicy(PolicyBase):
 
     def call(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         """Run ``fn(*args, **kwargs)`` under the pybreaker (its lock not held during it)."""
+        refuse_async(self, fn)
         state, trial = self._before(fn, args, kwargs)
         try:
             result = fn(*args, **kwargs)

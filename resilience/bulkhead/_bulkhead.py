@@ -21,7 +21,7 @@ from .. import _deadline
 from .._blocks import pop_innermost
 from .._clock import SYSTEM_CLOCK, Clock
 from .._events import GLOBAL_LISTENERS, CallRejected
-from .._policy import PolicyBase
+from .._policy import PolicyBase, refuse_async
 from .._validate import check_callable, check_choice, check_clock, check_int, check_number
 from ..errors import BulkheadFull
 from ._permit import Permit
@@ -354,6 +354,7 @@ class Bulkhead(PolicyBase):
 
         Example: ``data = bulkhead.call(fetch, "https://example.com/a")``
         """
+        refuse_async(self, fn)
         key = None if self._key is None else self._key(*args, **kwargs)
         if self._remote is not None:
             priority = self._call_priority(args, kwargs)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, ParamSpec, TypeVar, cast
 from .._clock import Clock
 from .._deadline import clamp
 from .._events import GLOBAL_LISTENERS, CallRejected
-from .._policy import PolicyBase, decorate, is_async_callable, is_generator_function
+from .._policy import PolicyBase, decorate, is_async_callable, is_generator_function, refuse_async
 from .._validate import check_callable, check_choice, check_clock, check_int, check_number
 from ..backends._failover import MODES, Failover, FailureMode
 from ..backends._memory import MemoryBackend
@@ -452,6 +452,7 @@ class RateLimiter(PolicyBase):
         The key is ``key(*args, **kwargs)`` when the limiter's ``key`` is a function.
         Raises :class:`~resilience.RateLimited` if none is available within ``max_wait``.
         """
+        refuse_async(self, fn)
         admit_one = self._admit_one
         if admit_one is not None:
             wait = admit_one()

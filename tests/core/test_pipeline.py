@@ -7,6 +7,7 @@ import logging
 import warnings
 from typing import Any
 
+import pybreaker
 import pytest
 
 import resilience as rs
@@ -159,6 +160,58 @@ def test_generator_functions_are_refused(policy: Any) -> None:
         policy(items)
     with pytest.raises(TypeError, match="is an async generator function"):
         policy(stream)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: rs.Retry(on=OSError),
+        lambda: rs.Timeout(1),
+        lambda: rs.CircuitBreaker(),
+        lambda: rs.RateLimiter("1/s"),
+        lambda: rs.Bulkhead(1),
+        lambda: rs.Fallback(None),
+        lambda: rs.Faults(latency=0.0, latency_rate=1.0, enabled=True),
+        lambda: rs.Pipeline(rs.Timeout(1)),
+        lambda: rs.breaker.PyBreakerPolicy(pybreaker.CircuitBreaker()),
+    ],
+    ids=[
+        "retry",
+        "timeout",
+        "breaker",
+        "limiter",
+        "bulkhead",
+        "fallback",
+        "faults",
+        "pipeline",
+        "pybreaker",
+    ],
+)
+def test_sync_call_of_an_async_function_is_refused(make: Any) -> None:
+    """``policy.call(async_fn)`` only creates the coroutine, so ``await
+    policy.call(fetch)`` would run the work outside the policy: it raises TypeError
+    naming call_async, before the policy takes anything (the limiter keeps its token,
+    the bulkhead its slot) and without leaving a never-awaited coroutine behind."""
+    policy = make()
+    started: list[str] = []
+
+    async def fetch(url: str) -> str:
+        started.append(url)
+        return url
+
+    class Client:
+        async def get(self, url: str) -> str:
+            return url
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a created, never-awaited coroutine would warn
+        for fn in (fetch, Client().get):
+            with pytest.raises(TypeError, match="call_async"):
+                policy.call(fn, "u")
+    assert started == []
+    assert policy.call(lambda url: url.upper(), "u") == "U"  # the one token, the slot
+    if isinstance(policy, rs.Bulkhead):
+        assert policy.statistics().in_flight == 0
 
 
 def test_pipeline_runs_outermost_first_and_passes_arguments() -> None:

@@ -317,6 +317,12 @@ def test_events_report_each_retry(fake_clock: FakeClock) -> None:
         # A generator is used up by the first call; later calls would share the rest.
         ({"on": OSError, "backoff": (d for d in (0.1, 0.2))}, "re-iterable"),
         ({"on": OSError, "backoff": iter([0.1])}, "re-iterable"),
+        # An empty schedule allows no retry; attempts=1 says that plainly.
+        ({"on": OSError, "backoff": []}, "backoff is empty"),
+        ({"on": OSError, "backoff": ()}, "backoff is empty"),
+        # Never retried whatever on= says: naming them is a mistake to point out.
+        ({"on": KeyboardInterrupt}, "KeyboardInterrupt is not an Exception"),
+        ({"on": (OSError, SystemExit)}, "SystemExit is not an Exception"),
     ],
 )
 def test_bad_arguments(kwargs: dict[str, Any], message: str) -> None:
