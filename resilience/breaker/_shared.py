@@ -15,9 +15,14 @@ The rules:
   probes passed: everybody closes) or a new open signal (they failed).
 * **Quorum** (``quorum=M``): a trip only opens the fleet once ``M`` processes report
   open within the cool-down; until then each process's own breaker decides alone.
+* **Fork**: a child process (a pre-forking server's worker) gets its own identity and
+  threads, so breakers built before the fork keep sharing.
 * **Redis down**: the subscriber notices, elections stop, every process keeps its
   local breaker; nothing in the call path waits on Redis (a publish is a queue put;
   an election is bounded by the backend timeout and skipped while Redis is down).
+  A trip that could not be published is sent when Redis answers again (at the next
+  poll, one on reconnection included), for what is left of its cool-down, if the
+  breaker is still open.
 
 Keys (all of one breaker share one Redis Cluster hash tag)::
 
@@ -33,6 +38,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import queue
 import threading
 import time
@@ -168,15 +174,38 @@ class _Hub:
             self._members.setdefault(shared.name, weakref.WeakSet()).add(shared)
             self.interval = min((m.sync_interval for m in self._live()), default=1.0)
             if self._subscriber is None:
-                self._subscriber = threading.Thread(
-                    target=self._subscribe_loop, name="resilience-breaker-sub", daemon=True
-                )
-                self._publisher = threading.Thread(
-                    target=self._publish_loop, name="resilience-breaker-pub", daemon=True
-                )
-                self._subscriber.start()
-                self._publisher.start()
+                self._start_threads()
             return True
+
+    def _start_threads(self) -> None:
+        self._subscriber = threading.Thread(
+            target=self._subscribe_loop, name="resilience-breaker-sub", daemon=True
+        )
+        self._publisher = threading.Thread(
+            target=self._publish_loop, name="resilience-breaker-pub", daemon=True
+        )
+        self._subscriber.start()
+        self._publisher.start()
+
+    def _after_fork(self) -> None:
+        """In a forked child (gunicorn --preload, prefork workers): the parent's threads
+        did not come along and its identity is not the child's (the child would skip
+        its parent's messages as its own). A new identity, fresh locks and queues, and
+        the threads again if breakers use this hub."""
+        self.origin = uuid.uuid4().hex
+        self.connected = False
+        self._lock = threading.Lock()
+        self._jobs = queue.SimpleQueue()
+        self._pending = {}
+        self._pending_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._subscriber = None
+        self._publisher = None
+        members = self._live()
+        for member in members:
+            member._unsent_lock = threading.Lock()
+        if not self.stopped and members:
+            self._start_threads()
 
     def unregister(self, shared: SharedState) -> None:
         with self._lock:
@@ -309,6 +338,19 @@ class _Hub:
             member._poll()
 
 
+def _after_fork_in_child() -> None:
+    _Hub._hubs_lock = threading.Lock()
+    for hub in list(_Hub._hubs.values()):
+        try:
+            hub._after_fork()
+        except Exception:  # pragma: no cover - never fail the fork itself
+            logger.warning("resilience: breaker hub not restarted after fork", exc_info=True)
+
+
+if hasattr(os, "register_at_fork"):  # pragma: no branch
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 class SharedState:
     """The advisory Redis shared state of one :class:`~resilience.CircuitBreaker`.
 
@@ -350,6 +392,10 @@ class SharedState:
         self._tag = backend.key("cb", _safe(self.name))
         self._index = self._tag + ":index"
         self._hub = _Hub.for_backend(backend)
+        # Trips not published (Redis unreachable): wire key -> (key, monotonic end of
+        # the cool-down, trips, quorum); sent again once Redis answers (see _poll).
+        self._unsent: dict[str | None, tuple[Hashable, float, int, int]] = {}
+        self._unsent_lock = threading.Lock()
         #: Messages sent / applied, and fleet elections won / lost.
         self.published = 0
         self.applied = 0
@@ -410,7 +456,7 @@ class SharedState:
             # An operator's open() opens the fleet at once: it is no report to a quorum.
             quorum = 1 if reason == "manual" else self.quorum
             self._hub.submit(
-                (self.name, wire), lambda: self._publish_open(wire, ttl, trips, quorum)
+                (self.name, wire), lambda: self._publish_open(key, wire, ttl, trips, quorum)
             )
         elif new is CircuitState.CLOSED and reason in ("probes_succeeded", "manual"):
             self._hub.submit((self.name, wire), lambda: self._publish_close(wire))
@@ -427,14 +473,39 @@ class SharedState:
             }
         )
 
-    def _publish_open(self, key: str | None, ttl: int, trips: int, quorum: int) -> None:
-        args = [ttl, self._hub.origin, quorum, key or "", self._hub.channel]
-        message = self._message("open", key, ttl, trips)
-        self._run(self._trip, self._keys(key), [*args, message])
+    def _publish_open(
+        self, key: Hashable, wire: str | None, ttl: int, trips: int, quorum: int
+    ) -> None:
+        args = [ttl, self._hub.origin, quorum, wire or "", self._hub.channel]
+        message = self._message("open", wire, ttl, trips)
+        sent = self._run(self._trip, self._keys(wire), [*args, message]) is not None
+        with self._unsent_lock:
+            if sent:
+                self._unsent.pop(wire, None)
+            else:
+                until = time.monotonic() + ttl / 1000.0
+                self._unsent[wire] = (key, until, trips, quorum)
 
     def _publish_close(self, key: str | None) -> None:
+        with self._unsent_lock:
+            self._unsent.pop(key, None)  # closed since: that trip is news no more
         args = [key or "", self._hub.channel, self._message("close", key)]
         self._run(self._close, self._keys(key), args)
+
+    def _resend(self, breaker: CircuitBreaker) -> None:
+        """Publish the trips Redis missed, for what is left of their cool-downs."""
+        with self._unsent_lock:
+            unsent, self._unsent = self._unsent, {}
+        now = time.monotonic()
+        for wire, (key, until, trips, quorum) in unsent.items():
+            ttl = int((until - now) * 1000)
+            if ttl > 0 and breaker.state_of(key) is CircuitState.OPEN:
+                self._hub.submit(
+                    (self.name, wire),
+                    lambda w=wire, k=key, t=ttl, n=trips, q=quorum: self._publish_open(
+                        k, w, t, n, q
+                    ),
+                )
 
     def _failed(self, exc: Exception, key: Hashable = None) -> None:
         if not isinstance(exc, BackendError):  # a client bug must not escape either
@@ -512,6 +583,8 @@ class SharedState:
             self._failed(exc)
             raise
         self._failover.succeeded()
+        if self._unsent:
+            self._resend(breaker)
         for index in range(0, len(raw), 2):
             member = raw[index]
             wire = member.decode() if isinstance(member, bytes) else str(member)

@@ -7,6 +7,9 @@ Redis TTLs are real time, so these breakers use the system clock and short cool-
 
 from __future__ import annotations
 
+import contextlib
+import multiprocessing
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -343,6 +346,92 @@ def test_redis_down_keeps_local_breakers_working(fleet: Fleet, redis_server: Red
     redis_server.start()
     assert wait_for(lambda: a.shared is not None and a.shared.connected, timeout=5)
     assert wait_for(lambda: any(isinstance(e, rs.BackendRecovered) for e in events))
+
+
+def test_a_trip_made_while_redis_was_down_reaches_the_fleet_once_it_is_back(
+    fleet: Fleet, redis_server: RedisServer
+) -> None:
+    """A process that tripped during an outage could not tell the fleet; when Redis
+    answers again the trip is published for what is left of its cool-down, so the
+    others stop sending to the failing dependency too."""
+    a, b = fleet.add(open_for=30.0), fleet.add(open_for=30.0)
+    assert a.shared is not None
+    assert b.shared is not None
+    heard = opened_event(b)
+    redis_server.kill()
+    assert wait_for(lambda: a.shared is not None and not a.shared.connected)
+    errors = a.shared.statistics()["backend_errors"]
+    for _ in range(2):
+        with pytest.raises(Boom):
+            a.call(boom)
+    assert a.state is CircuitState.OPEN
+    # The publisher tried and failed (the trip is not lost yet: it waits for Redis).
+    assert wait_for(
+        lambda: a.shared is not None and a.shared.statistics()["backend_errors"] > errors
+    )
+    assert not heard.is_set()
+    redis_server.start()
+    assert heard.wait(10)
+    with pytest.raises(rs.CircuitOpen) as caught:
+        b.call(int)
+    assert caught.value.retry_after is not None
+    assert 20 < caught.value.retry_after <= 30.0
+
+
+def test_a_trip_closed_during_the_outage_is_not_sent_later(
+    fleet: Fleet, redis_server: RedisServer
+) -> None:
+    """A breaker that tripped and recovered while Redis was down has nothing to tell:
+    the fleet is not opened for a failure that is over."""
+    a, b = fleet.add(open_for=0.05), fleet.add()
+    assert a.shared is not None
+    assert b.shared is not None
+    opened = opened_event(b)
+    redis_server.kill()
+    assert wait_for(lambda: a.shared is not None and not a.shared.connected)
+    for _ in range(2):
+        with pytest.raises(Boom):
+            a.call(boom)
+    assert wait_for(lambda: a.state is CircuitState.HALF_OPEN, timeout=2)
+    assert a.call(lambda: "probe") == "probe"
+    assert a.state is CircuitState.CLOSED
+    redis_server.start()
+    assert wait_for(lambda: a.shared is not None and a.shared.connected, timeout=10)
+    assert wait_for(lambda: b.shared is not None and b.shared.connected, timeout=10)
+    b.shared._poll()  # the catch-up read a reconnecting process makes
+    assert not opened.is_set()
+    assert b.state is CircuitState.CLOSED
+
+
+def _trip_after_fork(breaker: CircuitBreaker, parent_origin: str) -> None:
+    """The child of test_a_breaker_built_before_a_fork...: exit 0 once its trip is out."""
+    shared = breaker.shared
+    assert shared is not None
+    if not wait_for(lambda: shared.connected, timeout=10) or shared.origin == parent_origin:
+        os._exit(2)
+    for _ in range(2):
+        with contextlib.suppress(Boom):
+            breaker.call(boom)
+    os._exit(0 if wait_for(lambda: shared.statistics()["published"] >= 1, timeout=10) else 3)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
+def test_a_breaker_built_before_a_fork_keeps_sharing_in_the_child(fleet: Fleet) -> None:
+    """Pre-forking servers (gunicorn --preload, prefork worker pools) build the breaker
+    in the parent. The child had neither the parent's threads nor an identity of its
+    own: its trips were never published and it skipped its parent's messages as its
+    own, silently. The child gets both; its trip reaches the parent."""
+    parent = fleet.add(open_for=30.0)
+    assert parent.shared is not None
+    heard = opened_event(parent)
+    child = multiprocessing.get_context("fork").Process(
+        target=_trip_after_fork, args=(parent, parent.shared.origin)
+    )
+    child.start()
+    child.join(30)
+    assert child.exitcode == 0
+    assert heard.wait(5)
+    assert parent.state is CircuitState.OPEN
 
 
 @pytest.mark.anyio
