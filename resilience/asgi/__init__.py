@@ -34,7 +34,7 @@ from ._headers import (
 from ._keys import Key, KeyFunction, api_key, client_ip, combine, digest, first, header, route, user
 from ._problem import QUOTA_EXCEEDED, REDUCED_CAPACITY, Problem
 from ._ratelimit import RateLimitMiddleware
-from ._rules import UNSET, Rule
+from ._rules import UNSET, Rule, route_path
 from ._timeout import TimeoutMiddleware
 from ._types import ASGIApp, Message, Receive, Scope, Send
 
@@ -71,5 +71,6 @@ __all__ = [
     "quota_and_window",
     "retry_after_value",
     "route",
+    "route_path",
     "user",
 ]

@@ -28,7 +28,7 @@ from ._events import RequestAdmitted, RequestCompleted
 from ._headers import retry_after_value
 from ._keys import KeyFunction, _as_key, cached_digest, scope_app_of
 from ._problem import REDUCED_CAPACITY, Problem
-from ._rules import UNSET, Matcher, Rule, path_predicate
+from ._rules import UNSET, Matcher, Rule, path_predicate, route_path
 from ._types import ASGIApp, Receive, Scope, Send
 
 __all__ = ["ConcurrencyLimitMiddleware", "header_priority"]
@@ -345,7 +345,7 @@ class ConcurrencyLimitMiddleware(Observed):
                 plan = None
         if (
             plan is None
-            or (self._exempt_path is not None and self._exempt_path(scope["path"]))
+            or (self._exempt_path is not None and self._exempt_path(route_path(scope)))
             or (self._exempt_when is not None and self._exempt_when(scope))
         ):
             await self.app(scope, receive, send)

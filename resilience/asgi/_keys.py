@@ -393,6 +393,17 @@ def _route_templates(routes: Iterable[Any], scope: Scope, prefix: str = "") -> s
     from starlette.routing import Match, Mount
 
     for candidate in routes:
+        included = getattr(candidate, "effective_route_contexts", None)
+        if callable(included) and getattr(candidate, "path", None) is None:
+            # FastAPI's include_router() branch (recent FastAPI): no path of its own;
+            # its routes, prefixes applied, are its effective route contexts.
+            try:
+                found = _included_template(included(), scope, prefix)
+            except Exception:
+                found = None
+            if found is not None:
+                return found
+            continue
         try:
             match, child = candidate.matches(scope)
         except Exception:
@@ -405,6 +416,29 @@ def _route_templates(routes: Iterable[Any], scope: Scope, prefix: str = "") -> s
             return inner if inner is not None else template + "/{path}"
         if match is Match.FULL:
             return prefix + str(getattr(candidate, "path_format", getattr(candidate, "path", "")))
+    return None
+
+
+def _included_template(contexts: Iterable[Any], scope: Scope, prefix: str) -> str | None:
+    """The template of the route of a FastAPI included router that takes ``scope``."""
+    from ._rules import route_path
+
+    path = route_path(scope)
+    method = scope.get("method")
+    for context in contexts:
+        route = getattr(context, "starlette_route", None)
+        if route is not None:  # a Starlette route, mount or websocket route, prefixed
+            found = _route_templates([route], scope, prefix)
+            if found is not None:
+                return found
+            continue
+        regex = getattr(context, "path_regex", None)
+        methods = getattr(context, "methods", None)
+        if regex is None or regex.match(path) is None:
+            continue
+        if scope.get("type") == "http" and methods and method not in methods:
+            continue
+        return prefix + str(getattr(context, "path_format", "") or getattr(context, "path", ""))
     return None
 
 

@@ -17,7 +17,7 @@ from ._events import RequestAdmitted, ShadowRejected
 from ._headers import HEADER_MODES, HeaderMode, RateLimitHeaders, retry_after_value
 from ._keys import _DIGESTS, KeyFunction, _as_key, cached_digest, client_ip, scope_app_of
 from ._problem import QUOTA_EXCEEDED, REDUCED_CAPACITY, Problem
-from ._rules import UNSET, Matcher, Rule, path_predicate
+from ._rules import UNSET, Matcher, Rule, path_predicate, route_path
 from ._types import ASGIApp, Message, Receive, Scope, Send
 
 __all__ = ["RateLimitMiddleware"]
@@ -300,7 +300,7 @@ class RateLimitMiddleware(Observed):
                 return None
         if plan is None:
             return None
-        if self._exempt_path is not None and self._exempt_path(scope["path"]):
+        if self._exempt_path is not None and self._exempt_path(route_path(scope)):
             return None
         if self._exempt_when is not None and self._exempt_when(scope):
             return None

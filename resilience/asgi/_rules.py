@@ -7,7 +7,10 @@ Rules are tried in order; the first match wins.
 
 Path patterns: ``"/health"`` (exact), ``"/items/{id}"`` (``{name}`` is one path
 segment, ``{name:path}`` anything), ``"/static/*"`` (``*`` is anything, slashes
-included), or a compiled :class:`re.Pattern` (full match).
+included), or a compiled :class:`re.Pattern` (full match). They match the path the
+application routes on (:func:`route_path`): under a ``Mount("/v2", ...)`` or behind
+``uvicorn --root-path /v2`` a request for ``/v2/healthz`` matches ``"/healthz"``, as
+the app's own routes do.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ if TYPE_CHECKING:
     from ..bulkhead import Bulkhead
     from ..ratelimit import RateLimiter
 
-__all__ = ["UNSET", "Matcher", "Rule", "compile_pattern"]
+__all__ = ["UNSET", "Matcher", "Rule", "compile_pattern", "route_path"]
 
 
 class _Unset(enum.Enum):
@@ -49,6 +52,31 @@ _CONVERTORS = {
     "float": r"[0-9]+(?:\.[0-9]+)?",
     "uuid": "[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}",
 }
+
+
+def route_path(scope: Scope) -> str:
+    """The path the application routes on: ``scope["path"]`` less its ``root_path``.
+
+    ASGI servers and Starlette's ``Mount`` put the whole path in ``scope["path"]`` and
+    the prefix the app is served under in ``scope["root_path"]`` (``uvicorn
+    --root-path``, a mounted sub-app); the app's routes are written without it, and so
+    are the middlewares' path patterns. A path that does not start with the root path
+    (older servers strip it themselves) is used as it is.
+
+    Example::
+
+        >>> route_path({"path": "/v2/items/1", "root_path": "/v2"})
+        '/items/1'
+    """
+    path: str = scope.get("path", "")
+    root: str = scope.get("root_path", "")
+    if root and path.startswith(root):
+        rest = path[len(root) :]
+        if not rest:
+            return "/"
+        if rest[0] == "/":
+            return rest
+    return path
 
 
 def compile_pattern(pattern: str | re.Pattern[str]) -> re.Pattern[str]:
@@ -203,7 +231,7 @@ class Matcher:
         """The first rule (in declaration order) that applies to ``scope``."""
         kind = scope["type"]
         method = scope.get("method", "GET")
-        path = scope.get("path", "")
+        path = route_path(scope)
         best: tuple[int, Rule] | None = None
         for index, rule, methods in self._exact.get(path, ()):
             if kind in rule.scopes and (methods is None or method in methods):

@@ -11,7 +11,7 @@ import anyio
 from .. import _deadline
 from .._clock import Clock
 from .._events import Listener, TimedOut
-from .._timeout import from_any_thread
+from .._timeout import _get_running_loop, from_any_thread
 from .._validate import check_callable, check_clock, check_name, check_number
 from ..errors import ConfigurationError
 from ._base import Observed
@@ -28,7 +28,11 @@ class TimeoutMiddleware(Observed):
     """Give every HTTP request at most ``seconds``; answer 504 if it overruns.
 
     * The response has not started when time runs out: the application is cancelled
-      and the client gets ``504`` with an ``application/problem+json`` body.
+      and the client gets ``504`` with an ``application/problem+json`` body. On
+      asyncio the 504 goes out at the deadline even when the application cannot be
+      cancelled at once (a sync endpoint in a worker thread: the thread runs on, its
+      late answer is dropped, and the request ends when it does); on trio it goes out
+      when the application has ended (a late answer is dropped there too).
     * The response is streaming: the application is cancelled and the response is
       ended cleanly (a final empty body chunk), so the client sees a complete, if
       truncated, response instead of a reset connection.
@@ -114,17 +118,36 @@ class TimeoutMiddleware(Observed):
         # Ours to lift when the response completes, unless a sooner outer one stays.
         own = entered is not outer
         budget = entered.remaining()
+        # On asyncio the deadline is a loop timer of ours: besides cancelling the app it
+        # answers 504 at once, which the app's task cannot do while it waits on a thread.
+        loop = _get_running_loop()
+        answer: Any = None  # the task sending the 504 at the deadline
+
+        def expire() -> None:
+            nonlocal answer
+            cancel_scope.cancel()
+            if not started and answer is None and loop is not None:
+                answer = loop.create_task(self._problem.send(send))
+
         timer: Any = None
         if self._timers:
             cancel_scope = anyio.CancelScope()
             timer = self._clock.call_at(  # type: ignore[attr-defined]
-                entered.at, from_any_thread(cancel_scope.cancel)
+                entered.at, from_any_thread(expire)
             )
+        elif loop is not None:
+            cancel_scope = anyio.CancelScope()
+            timer = loop.call_at(loop.time() + budget, expire)
         else:
             cancel_scope = anyio.CancelScope(deadline=anyio.current_time() + budget)
 
         async def send_wrapper(message: Message) -> None:
             nonlocal started, ended, start_headers
+            if answer is not None or (not started and cancel_scope.cancel_called):
+                # Past the deadline before it started (an app that got past the cut
+                # without a checkpoint, a thread that returned late): the 504 is the
+                # answer, sent at the deadline on asyncio, when the app ends otherwise.
+                return
             kind = message["type"]
             if kind == "http.response.start":
                 started = True
@@ -153,6 +176,12 @@ class TimeoutMiddleware(Observed):
             return
         if self._observed:
             self._emit(TimedOut(policy=self.name, key=rule_path, seconds=seconds))
+        if answer is not None:
+            try:
+                await answer
+            except Exception:  # best effort: the client went away, or the server refused
+                pass
+            return
         if not started:
             await self._problem.send(send)
             return

@@ -7,6 +7,7 @@ import re
 from types import SimpleNamespace
 from typing import Any
 
+import anyio
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -239,3 +240,69 @@ def test_a_path_pattern_that_could_never_match_is_refused(pattern: str) -> None:
     unbalanced brace matched nothing, silently: refused when the rule is built."""
     with pytest.raises(ConfigurationError, match="pattern"):
         Rule(pattern)
+
+
+@pytest.mark.anyio
+async def test_patterns_match_the_path_under_the_root_path() -> None:
+    """A middleware on a mounted sub-app, or on an app behind ``uvicorn --root-path``,
+    sees the whole path in ``scope["path"]`` and the prefix in ``root_path``. Its
+    patterns are written like the app's routes, so they match the path less the prefix:
+    ``/v2/healthz`` was rate limited despite ``exempt=["/healthz"]``, a rule for
+    ``/login`` fell back to the default limiter, and ``Rule("/events", seconds=None)``
+    no longer spared the stream its timeout."""
+    import resilience as rs
+    from resilience.asgi import (
+        ConcurrencyLimitMiddleware,
+        RateLimitMiddleware,
+        Rule,
+        TimeoutMiddleware,
+        route_path,
+    )
+
+    from ._support import call, http_scope, ok_app
+
+    assert route_path(http_scope("/v2/healthz", root_path="/v2")) == "/healthz"
+    assert route_path(http_scope("/v2", root_path="/v2")) == "/"
+    assert route_path(http_scope("/v2x/a", root_path="/v2")) == "/v2x/a"  # not under it
+    assert route_path(http_scope("/healthz", root_path="/v2")) == "/healthz"  # stripped
+
+    login = rs.RateLimiter("5/minute", name="login")
+    limited = RateLimitMiddleware(
+        ok_app,
+        limiter=rs.RateLimiter("1/hour", name="api"),
+        exempt=["/healthz"],
+        rules=[Rule("/login", limiter=login)],
+    )
+    for _ in range(3):
+        result = await call(limited, http_scope("/v2/healthz", root_path="/v2"))
+        assert result.status == 200
+        assert result.header("ratelimit") is None
+    result = await call(limited, http_scope("/v2/login", root_path="/v2"))
+    assert result.header("ratelimit-policy") == '"login";q=5;w=60'
+
+    entered, release = anyio.Event(), anyio.Event()
+
+    async def busy_app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["path"] == "/busy":
+            entered.set()
+            await release.wait()
+        await ok_app(scope, receive, send)
+
+    shedding = ConcurrencyLimitMiddleware(busy_app, bulkhead=rs.Bulkhead(1), exempt=["/healthz"])
+    async with anyio.create_task_group() as group:
+        group.start_soon(call, shedding, http_scope("/busy"))
+        await entered.wait()  # the one slot is taken
+        assert (await call(shedding, http_scope("/v2/healthz", root_path="/v2"))).status == 200
+        assert (await call(shedding, http_scope("/v2/other", root_path="/v2"))).status == 503
+        release.set()
+
+    async def slow_stream(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        for _ in range(3):
+            await anyio.sleep(0.02)
+            await send({"type": "http.response.body", "body": b"x", "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+
+    timed = TimeoutMiddleware(slow_stream, seconds=0.01, rules=[Rule("/events", seconds=None)])
+    result = await call(timed, http_scope("/v2/events", root_path="/v2"))
+    assert result.body == b"xxx"

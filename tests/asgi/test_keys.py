@@ -233,6 +233,55 @@ async def test_route_keys_hold_when_a_middleware_wraps_the_app_from_outside() ->
     assert set(seen) == {"ip:127.0.0.1|route:GET /items/{id}"}
 
 
+def test_route_keys_the_endpoints_of_fastapi_included_routers_apart() -> None:
+    """Recent FastAPI keeps an ``include_router()`` as one branch without a path of its
+    own: ``route()`` gave every endpoint of every included router the key ``GET ``
+    (one shared bucket). Each endpoint has its prefixed template again, nested routers
+    included; a method the route does not take stays unmatched."""
+    from fastapi import APIRouter, FastAPI
+
+    app = FastAPI()
+    users = APIRouter(prefix="/users")
+    deep = APIRouter(prefix="/deep")
+    orders = APIRouter()
+
+    @users.get("/{uid}")
+    def get_user(uid: str) -> str:
+        return uid
+
+    @users.post("/{uid}")
+    def post_user(uid: str) -> str:
+        return uid
+
+    @deep.get("/x/{y:int}")
+    def get_deep(y: int) -> int:
+        return y
+
+    @orders.get("/orders/{oid}")
+    def get_order(oid: str) -> str:
+        return oid
+
+    @app.get("/items/{item_id}")
+    def get_item(item_id: int) -> int:
+        return item_id
+
+    users.include_router(deep)
+    app.include_router(users, prefix="/api/v1")
+    app.include_router(orders, prefix="/api/v1")
+    key = route()
+    cases = {
+        ("GET", "/api/v1/users/a"): "route:GET /api/v1/users/{uid}",
+        ("POST", "/api/v1/users/b"): "route:POST /api/v1/users/{uid}",
+        ("GET", "/api/v1/users/deep/x/3"): "route:GET /api/v1/users/deep/x/{y}",
+        ("GET", "/api/v1/orders/1"): "route:GET /api/v1/orders/{oid}",
+        ("GET", "/items/1"): "route:GET /items/{item_id}",
+        ("DELETE", "/api/v1/users/a"): "route:DELETE <unmatched>",
+        ("GET", "/nope"): "route:GET <unmatched>",
+    }
+    for (method, path), expected in cases.items():
+        assert key(http_scope(path, method=method, app=app)) == expected
+
+
 def test_composition() -> None:
     """``+`` combines parts, ``|`` falls back; plain callables compose too."""
     scope = http_scope("/items/1", headers=[("x-api-key", "k")])

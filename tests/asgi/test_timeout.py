@@ -61,6 +61,48 @@ async def test_504_before_the_response_starts() -> None:
     assert cancelled == [True]
 
 
+async def test_a_sync_endpoint_gets_its_504_at_the_deadline(anyio_backend: str) -> None:
+    """A sync endpoint (FastAPI's ``def``) runs in a worker thread that no cancellation
+    can stop: the client used to wait for the thread, then got a 504 anyway. On asyncio
+    the 504 now goes out at the deadline; the request ends when the thread does, and its
+    late answer is dropped (the client already has its response). On trio the 504 still
+    waits for the app to end."""
+    clock = FakeClock()
+    started = anyio.Event()
+    release = threading.Event()
+    sent: list[dict[str, Any]] = []
+    answered = anyio.Event()
+
+    async def blocking(scope: Any, receive: Any, send: Any) -> None:
+        started.set()
+        with anyio.CancelScope(shield=True):  # as Starlette's run_in_threadpool waits
+            await anyio.to_thread.run_sync(release.wait, 10)  # bounded, should this fail
+        await ok_app(scope, receive, send)
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+        if message["type"] == "http.response.body" and not message.get("more_body"):
+            answered.set()
+
+    async def receive() -> dict[str, Any]:
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    middleware = TimeoutMiddleware(blocking, seconds=5, clock=clock)
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(middleware, http_scope("/"), receive, send)
+            await started.wait()
+            clock.advance(5)
+            if anyio_backend == "asyncio":
+                await answered.wait()  # while the thread is still blocked
+                assert not release.is_set()
+            release.set()
+    starts = [m for m in sent if m["type"] == "http.response.start"]
+    assert [m["status"] for m in starts] == [504]
+    assert Result(sent).complete
+
+
 async def test_no_timeout_before_the_deadline() -> None:
     """Advancing less than ``seconds`` leaves the request alone."""
     clock = FakeClock()
