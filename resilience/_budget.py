@@ -110,6 +110,20 @@ class RetryBudget:
             bucket[1] += 1
             return True
 
+    def refund(self) -> None:
+        """Give back a retry taken by :meth:`try_withdraw` that was never sent (its
+        backoff was cancelled): callers that give up mid-backoff must not drain the
+        budget of those that retry.
+
+        Example: ``budget.refund()``
+        """
+        with self._lock:
+            for index in sorted(self._buckets, reverse=True):  # the newest that holds one
+                bucket = self._buckets[index]
+                if bucket[1] > 0:
+                    bucket[1] -= 1
+                    return
+
     def statistics(self) -> RetryBudgetStatistics:
         """Calls and retries in the current window, retries still available, and
         refusals since the budget was made."""

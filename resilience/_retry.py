@@ -175,6 +175,11 @@ class Retry(PolicyBase):
             return 0.0
         return delay
 
+    def _refund(self) -> None:
+        """The backoff was cancelled: the retry it led to is not sent."""
+        if self.budget is not None:
+            self.budget.refund()
+
     def _give_up(self, attempts: int, reason: str, exc: BaseException | None) -> float | None:
         self._exhausted += 1
         if self._observed:
@@ -240,7 +245,11 @@ class Retry(PolicyBase):
                 delay = self._plan(run, None)
                 if delay is None:
                     return result  # type: ignore[no-any-return]
-            self._clock.sleep(delay)
+            try:
+                self._clock.sleep(delay)
+            except BaseException:
+                self._refund()
+                raise
             self._retries += 1  # counted once started: a cancelled backoff is no retry
             try:
                 result = fn(*args, **kwargs)
@@ -302,7 +311,11 @@ class Retry(PolicyBase):
                 delay = self._plan(run, None)
                 if delay is None:
                     return result  # type: ignore[no-any-return]
-            await self._clock.sleep_async(delay)
+            try:
+                await self._clock.sleep_async(delay)
+            except BaseException:
+                self._refund()
+                raise
             self._retries += 1  # counted once started (see _resume)
             try:
                 result = await fn(*args, **kwargs)

@@ -523,6 +523,12 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observab
         breaker = host.breaker
         return breaker is None or breaker.state_of(host.breaker_key) in _HEDGEABLE
 
+    def _unschedule(self) -> None:
+        """A retry's backoff was cancelled: it is not sent, so neither counted nor paid
+        for from the budget."""
+        self._retries -= 1
+        self.budget.refund()
+
     def _commit_hedge(self, host: Host, admitted: _Hedge) -> bool:
         """Take the hedge's quota unit (a paced host) and its retry from the budget as it
         starts; if another caller took the last one meanwhile, give its slot and probe
@@ -617,7 +623,11 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observab
                 return response
             kept = _kept(response)
             previous = exc
-            self._clock.sleep(delay)
+            try:
+                self._clock.sleep(delay)
+            except BaseException:
+                self._unschedule()
+                raise
             response, exc = self._round(request, body, host, inner)
             final = self._settled(host, run, response, exc, kept, previous)
             if final is not None:
@@ -855,7 +865,11 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observab
                 return response
             kept = await _kept_async(response)
             previous = exc
-            await self._clock.sleep_async(delay)
+            try:
+                await self._clock.sleep_async(delay)
+            except BaseException:
+                self._unschedule()
+                raise
             response, exc = await self._round_async(request, body, host, inner)
             final = self._settled(host, run, response, exc, kept, previous)
             if final is not None:
@@ -1048,6 +1062,9 @@ def _kept(response: httpx.Response | None) -> httpx.Response | None:
             return response
         except httpx.HTTPError:
             pass
+        except BaseException:  # interrupted mid-read: its connection and slot go back
+            response.close()
+            raise
     response.close()
     return None
 
@@ -1062,5 +1079,8 @@ async def _kept_async(response: httpx.Response | None) -> httpx.Response | None:
             return response
         except httpx.HTTPError:
             pass
+        except BaseException:  # cancelled mid-read: its connection and slot go back
+            await aclose_quietly(response)
+            raise
     await response.aclose()
     return None

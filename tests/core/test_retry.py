@@ -188,6 +188,64 @@ def test_budget_never_lets_retries_exceed_the_formula(
     assert granted <= bound < granted + 1
 
 
+@pytest.mark.anyio
+async def test_a_backoff_cancelled_gives_its_retry_back_to_the_budget() -> None:
+    """The budget pays for a retry when it is scheduled; a caller cancelled during the
+    backoff never sends it, so it is given back: callers that give up mid-backoff
+    used to drain the budget of those that retry."""
+    import anyio
+
+    class Stalling(FakeClock):
+        """Virtual time whose sleeps last until cancelled."""
+
+        async def sleep_async(self, seconds: float) -> None:
+            if seconds > 0:
+                await anyio.sleep_forever()
+
+    clock = Stalling()
+    budget = rs.RetryBudget(ratio=0.0, min_per_second=0.25, window=4, clock=clock)  # one
+    retry = rs.Retry(on=ConnectionError, budget=budget, backoff=[1.0], clock=clock)
+
+    @retry
+    async def down() -> None:
+        raise ConnectionError
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(down)
+        await anyio.wait_all_tasks_blocked()  # in its backoff, the retry paid for
+        assert budget.statistics().retries == 1
+        group.cancel_scope.cancel()
+    assert budget.statistics().retries == 0
+    assert retry.statistics().retries == 0
+    attempts = 0
+
+    @retry
+    async def flaky() -> str:
+        nonlocal attempts
+        attempts += 1
+        if attempts == 1:
+            raise ConnectionError
+        return "ok"
+
+    with no_wait():
+        assert await flaky() == "ok"  # the one retry in the budget is there
+    assert budget.statistics().refused == 0
+
+
+def test_a_sync_backoff_interrupted_gives_its_retry_back(fake_clock: FakeClock) -> None:
+    """The same in sync code: an interrupt during the backoff's sleep."""
+    budget = rs.RetryBudget(ratio=0.0, min_per_second=0.25, window=4, clock=fake_clock)
+
+    class Interrupting(FakeClock):
+        def sleep(self, seconds: float) -> None:
+            raise KeyboardInterrupt
+
+    retry = rs.Retry(on=ConnectionError, budget=budget, clock=Interrupting())
+    with pytest.raises(KeyboardInterrupt):
+        retry(Flaky(1))()
+    assert budget.statistics().retries == 0
+
+
 def test_without_budget_every_attempt_runs(fake_clock: FakeClock) -> None:
     """The same outage without a budget costs 3 attempts per call."""
     attempts = 0

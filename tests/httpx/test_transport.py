@@ -364,6 +364,37 @@ def test_retry_budget_caps_retries(send: Send, fake_clock: FakeClock) -> None:
     assert len(upstream.calls) == 3
 
 
+@pytest.mark.anyio
+async def test_a_retry_cancelled_in_its_backoff_is_not_paid_for() -> None:
+    """A caller that goes away during a retry's backoff never sends it: the retry is
+    given back to the budget and not counted, so callers that leave mid-backoff do not
+    drain the budget of those that retry."""
+
+    class Stalling(FakeClock):
+        """Virtual time whose sleeps last until cancelled."""
+
+        async def sleep_async(self, seconds: float) -> None:
+            if seconds > 0:
+                await anyio.sleep_forever()
+
+    clock = Stalling()
+    budget = rs.RetryBudget(ratio=0.0, min_per_second=0.1, window=10.0, clock=clock)
+    t = ResilientTransport(
+        httpx.MockTransport(lambda request: httpx.Response(503)),
+        budget=budget,
+        backoff=[1.0],
+        clock=clock,
+    )
+    async with httpx.AsyncClient(transport=t) as client:
+        async with anyio.create_task_group() as group:
+            group.start_soon(client.get, A)
+            await anyio.wait_all_tasks_blocked()  # in the backoff, the retry paid for
+            assert budget.statistics().retries == 1
+            group.cancel_scope.cancel()
+    assert budget.statistics().retries == 0
+    assert t.statistics().retries == 0
+
+
 def test_deadline_clamps_timeouts_and_is_forwarded(send: Send, fake_clock: FakeClock) -> None:
     """Each attempt's timeouts are cut to the time left; the header carries it."""
     upstream = Upstream(fake_clock, lambda request, n: (503, {}) if n == 0 else (200, {}))
@@ -718,6 +749,76 @@ async def test_cancelled_requests_leak_no_slot_and_no_probe(fake_clock: FakeCloc
             group.cancel_scope.cancel()
         assert bulkhead.statistics(key="a.test").in_flight == 0
         assert (await client.get(A)).status_code == 200  # the probe was freed, slot too
+
+
+class _StuckBody(httpx.AsyncByteStream, httpx.SyncByteStream):
+    """A 10-byte body whose first 4 bytes arrive and the rest never (or, sync, never
+    before the caller is interrupted)."""
+
+    def __init__(self, interrupt: BaseException | None = None) -> None:
+        self.interrupt = interrupt
+        self.closed = False
+
+    async def __aiter__(self) -> Any:
+        yield b"busy"
+        await anyio.sleep_forever()
+
+    def __iter__(self) -> Any:
+        yield b"busy"
+        assert self.interrupt is not None
+        raise self.interrupt
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@pytest.mark.anyio
+async def test_a_request_cancelled_while_its_503_is_read_gives_its_slot_back(
+    fake_clock: FakeClock,
+) -> None:
+    """Before a retry the transport reads a small retryable answer (to return it should
+    the retry be refused). A caller cancelled during that read left the answer open: its
+    slot was never given back, and every later request to the host was refused."""
+    bodies: list[_StuckBody] = []
+
+    def upstream(request: httpx.Request) -> httpx.Response:
+        bodies.append(_StuckBody())
+        return httpx.Response(503, headers={"content-length": "10"}, stream=bodies[-1])
+
+    bulkhead = Bulkhead(1, clock=fake_clock)
+    t = ResilientTransport(
+        httpx.MockTransport(upstream), bulkhead=bulkhead, attempts=3, clock=fake_clock
+    )
+    async with httpx.AsyncClient(transport=t) as client:
+        async with anyio.create_task_group() as group:
+            group.start_soon(client.get, A)
+            await anyio.wait_all_tasks_blocked()  # stuck in the read
+            group.cancel_scope.cancel()
+    assert bodies[0].closed
+    assert bulkhead.statistics(key="a.test").in_flight == 0
+
+
+def test_a_sync_request_interrupted_while_its_503_is_read_gives_its_slot_back(
+    fake_clock: FakeClock,
+) -> None:
+    """The same for the sync client and a KeyboardInterrupt during the read."""
+    bodies: list[_StuckBody] = []
+
+    def upstream(request: httpx.Request) -> httpx.Response:
+        bodies.append(_StuckBody(KeyboardInterrupt()))
+        return httpx.Response(503, headers={"content-length": "10"}, stream=bodies[-1])
+
+    bulkhead = Bulkhead(1, clock=fake_clock)
+    t = ResilientTransport(
+        httpx.MockTransport(upstream), bulkhead=bulkhead, attempts=3, clock=fake_clock
+    )
+    with httpx.Client(transport=t) as client, pytest.raises(KeyboardInterrupt):
+        client.get(A)
+    assert bodies[0].closed
+    assert bulkhead.statistics(key="a.test").in_flight == 0
 
 
 # -- garbage ----------------------------------------------------------------------------
