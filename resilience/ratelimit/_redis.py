@@ -24,6 +24,7 @@ from importlib import resources
 from typing import Any
 
 from ..backends._redis import PreparedCall, RedisBackend
+from ..errors import ConfigurationError
 from ._gcra import GCRA, Decision, make_decision
 
 __all__ = ["GCRA_LUA", "RedisBuckets"]
@@ -35,6 +36,10 @@ GCRA_LUA = resources.files("resilience.backends").joinpath("lua/gcra.lua").read_
 _DELETE_LUA = "return redis.call('DEL', KEYS[1])"
 
 _MAX_CACHED_KEYS = 8192
+
+
+#: The largest refill time (whole-microsecond or fractional ticks) the script keeps exact.
+_MAX_EXACT = 2**52
 
 
 class RedisBuckets:
@@ -100,6 +105,16 @@ class RedisBuckets:
         d = gcra.denominator
         eq, er = divmod(gcra.emission, d)
         tq, tr = divmod(gcra.tolerance, d)
+        # The script's state and arithmetic are Lua doubles, exact below 2**53: the
+        # time to refill the whole burst (in microseconds, or in the 1/d-microsecond
+        # ticks of a fractional emission interval) must leave room for Redis' clock.
+        if (tq if er == 0 else gcra.tolerance) > _MAX_EXACT:
+            raise ConfigurationError(
+                f"burst {gcra.burst} at {gcra.rate} takes too long to refill for the Redis "
+                "backend (its state is an exact integer below 2**52 microseconds, about "
+                "142 years, or 2**52 ticks of 1/amount microsecond for a rate whose "
+                "interval is not whole microseconds): use a smaller burst or a faster rate"
+            )
         # Whole-microsecond emission intervals need no fractional part (the fast path).
         self._argv = (eq, tq)
         self._emission_us, self._tolerance_us = eq, tq

@@ -84,6 +84,37 @@ def test_a_refill_of_years_is_answered_like_in_memory(
         assert refused.reset_after == pytest.approx(126_144_000, abs=1)
 
 
+@pytest.mark.parametrize(
+    ("rate", "burst", "fits"),
+    [
+        ("1/hour", 1_000_000, True),  # 3.6e15 us to refill: exact in Lua
+        ("1/year", 100, True),
+        ("3/s", 10**8, True),  # fractional: 1e8 tokens of 1/3 s in ticks of 1/3 us
+        ("1/hour", 10_000_000, False),  # 3.6e16 us: past 2**52
+        ("1/year", 200, False),
+        ("3/s", 10**12, False),
+    ],
+)
+def test_a_burst_too_long_to_refill_for_lua_is_refused_at_construction(
+    redis_server: RedisServer, rate: str, burst: int, fits: bool
+) -> None:
+    """The script's state is a Lua double, exact below 2**53: a burst that takes
+    centuries to refill was accepted, then decided wrongly (a full bucket refusing its
+    burst, then admitting more; ``remaining`` above the burst) or failed in Redis. It
+    is refused when the limiter is built; a burst that fits answers as in memory."""
+    backend = RedisBackend.from_url(redis_server.url, timeout=1.0)
+    if not fits:
+        with pytest.raises(rs.ConfigurationError, match="too long to refill"):
+            rs.RateLimiter(rate, burst=burst, backend=backend)
+        return
+    on_redis = rs.RateLimiter(rate, burst=burst, backend=backend, on_backend_error="closed")
+    in_memory = rs.RateLimiter(rate, burst=burst)
+    for limiter in (on_redis, in_memory):
+        taken = limiter.try_acquire("k", cost=burst)
+        assert (taken.allowed, taken.remaining) == (True, 0)
+        assert not limiter.try_acquire("k")
+
+
 def test_numeric_keys_keep_their_own_bucket_whatever_the_call_history(
     redis_server: RedisServer,
 ) -> None:
