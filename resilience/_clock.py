@@ -45,6 +45,10 @@ class Clock(Protocol):
         ...
 
 
+#: The longest single time.sleep() (seconds, about three years); longer sleeps loop.
+_LONGEST_SLEEP = 1e8
+
+
 class SystemClock:
     """The real clock: :func:`time.monotonic`, :func:`time.sleep` and :func:`anyio.sleep`.
 
@@ -62,8 +66,10 @@ class SystemClock:
 
     def sleep(self, seconds: float) -> None:
         """Block the calling thread with :func:`time.sleep`."""
-        if seconds > 0:
-            time.sleep(seconds)
+        while seconds > 0:  # in parts: the OS call refuses waits of centuries
+            part = min(seconds, _LONGEST_SLEEP)
+            time.sleep(part)
+            seconds -= part
 
     async def sleep_async(self, seconds: float) -> None:
         """Suspend the calling task with :func:`anyio.sleep` (works on asyncio and trio)."""

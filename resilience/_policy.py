@@ -118,6 +118,11 @@ def decorate(policy: Policy | Fallback[Any], fn: Callable[P, T]) -> Callable[P, 
 
         fetch = rs.decorate(rs.Retry(on=OSError), fetch)
     """
+    if isinstance(policy, type):
+        raise TypeError(
+            f"decorate() needs a policy object, got the class {policy.__name__}: call it "
+            f"({policy.__name__}(...))"
+        )
     if isinstance(fn, classmethod | staticmethod):
         inner = decorate(policy, fn.__func__)
         return cast(Callable[P, T], type(fn)(inner))
@@ -254,6 +259,13 @@ class Pipeline(PolicyBase):
                 flat.extend(policy.policies)
                 continue
             candidate: object = policy  # typed Policy, but checked: untyped callers exist
+            if isinstance(candidate, type):
+                from .errors import ConfigurationError
+
+                raise ConfigurationError(
+                    f"policies must be policy objects, got the class {candidate.__name__}: "
+                    f"call it ({candidate.__name__}(...))"
+                )
             if not isinstance(candidate, Policy):
                 from .errors import ConfigurationError
 

@@ -31,6 +31,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from ._validate import check_number
+from .errors import ConfigurationError
 
 __all__ = [
     "Backoff",
@@ -48,6 +49,8 @@ Seed = int | random.Random | None
 def _rng(seed: Seed) -> random.Random:
     if isinstance(seed, random.Random):
         return seed
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise ConfigurationError(f"seed must be an int, a random.Random or None, got {seed!r}")
     return random.Random(seed)
 
 

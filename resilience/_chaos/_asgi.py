@@ -8,11 +8,18 @@ from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
 
 from .._clock import Clock
-from .._validate import check_bool, check_callable, check_clock, check_int, check_number
+from .._validate import (
+    check_bool,
+    check_callable,
+    check_clock,
+    check_header_name,
+    check_int,
+    check_number,
+)
 from ..errors import ConfigurationError
 from ._core import FaultCore, Plan, new_seed
 from ._shell import FaultStatistics, Observable, emit_plan, sleep_async, statistics_of
-from ._specs import Error, Fault, Hang, Latency, Status
+from ._specs import Error, Fault, Hang, Latency, Status, fault_list
 from ._switch import ENV_VAR, env_enabled
 
 __all__ = ["FaultMiddleware"]
@@ -97,7 +104,7 @@ class FaultMiddleware(Observable):
                 "FaultMiddleware injects faults into real requests and refuses to start "
                 f"unless enabled: pass enabled=True or run with {ENV_VAR}=1"
             )
-        items = [faults] if isinstance(faults, Fault) else list(faults)
+        items = fault_list("faults", faults)
         for fault in items:
             if not isinstance(fault, _ASGI_FAULTS):
                 raise ConfigurationError(
@@ -115,7 +122,7 @@ class FaultMiddleware(Observable):
             else None
         )
         self._headers = check_bool("headers", headers)
-        prefix = header_prefix.lower().encode("latin-1")
+        prefix = check_header_name("header_prefix", header_prefix).lower().encode("latin-1")
         self._abort_header = prefix + b"abort-request"
         self._abort_pct_header = prefix + b"abort-request-percentage"
         self._delay_header = prefix + b"delay-request"

@@ -38,6 +38,7 @@ from ._specs import (
     Result,
     Status,
     Truncate,
+    fault_list,
 )
 
 __all__ = ["FaultyTransport"]
@@ -56,7 +57,7 @@ def _faults_of(
     name: str, value: Fault | Iterable[Fault], canned: dict[int, _Canned]
 ) -> list[Fault]:
     """The faults of ``name``, checked; the responses of Result faults go to ``canned``."""
-    items = [value] if isinstance(value, Fault) else list(value)
+    items = fault_list(name, value)
     for fault in items:
         if not isinstance(fault, _HTTP_FAULTS):
             raise ConfigurationError(f"{name} must contain chaos faults, got {fault!r}")

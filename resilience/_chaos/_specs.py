@@ -32,6 +32,7 @@ __all__ = [
     "Truncate",
     "Window",
     "exponential",
+    "fault_list",
     "lognormal",
     "normalize_schedule",
     "uniform",
@@ -484,3 +485,13 @@ class Truncate(Fault):
         if keep >= 1.0:
             raise ConfigurationError(f"keep must be a fraction in [0, 1), got {self.keep!r}")
         object.__setattr__(self, "keep", keep)
+
+
+def fault_list(name: str, value: Any) -> list[Fault]:
+    """``value`` (one fault or an iterable of them) as a list; the kinds are checked by
+    the caller, which knows the ones it injects."""
+    if isinstance(value, Fault):
+        return [value]
+    if value is None or isinstance(value, str | bytes) or not isinstance(value, Iterable):
+        raise ConfigurationError(f"{name} must be a fault or a list of faults, got {value!r}")
+    return list(value)

@@ -282,9 +282,7 @@ class ConcurrencyLimitMiddleware(Observed):
         self._listeners: list[Listener] = []
         self._hash = check_bool("hash_keys", hash_keys)
         self.retry_after: float = check_number("retry_after", retry_after)
-        if isinstance(exempt, str):
-            exempt = [exempt]
-        self._exempt_path = path_predicate(list(exempt))
+        self._exempt_path = path_predicate(exempt)
         self._exempt_when = check_callable("exempt_when", exempt_when)
         # One queue per bulkhead, whichever rules share it.
         queues: dict[int, tuple[Any, _Queue]] = {}

@@ -212,9 +212,7 @@ class RateLimitMiddleware(Observed):
         self._hash = check_bool("hash_keys", hash_keys)
         headers = check_choice("headers", "none" if headers is None else headers, HEADER_MODES)
         default_key: KeyFunction = client_ip() if key is None else key
-        if isinstance(exempt, str):
-            exempt = [exempt]
-        self._exempt_path = path_predicate(list(exempt))
+        self._exempt_path = path_predicate(exempt)
         self._exempt_when = check_callable("exempt_when", exempt_when)
         matcher = Matcher(rules, allowed=_ALLOWED, owner="RateLimitMiddleware")
         if limiter is None and not matcher.rules:

@@ -205,8 +205,15 @@ class Matcher:
 
     __slots__ = ("_exact", "_patterns", "rules", "scope_types")
 
-    def __init__(self, rules: Iterable[Rule], *, allowed: Collection[str], owner: str) -> None:
-        self.rules: tuple[Rule, ...] = tuple(rules)
+    def __init__(
+        self, rules: Iterable[Rule] | Rule, *, allowed: Collection[str], owner: str
+    ) -> None:
+        given: object = rules  # typed, but checked: untyped callers exist
+        if isinstance(given, Rule):  # one rule, as exempt= takes one path
+            given = (given,)
+        elif isinstance(given, str) or not isinstance(given, Iterable):
+            raise ConfigurationError(f"{owner} rules must be a list of Rule objects, got {rules!r}")
+        self.rules: tuple[Rule, ...] = tuple(given)
         self._exact: dict[str, list[tuple[int, Rule, frozenset[str] | None]]] = {}
         self._patterns: list[tuple[int, Rule, re.Pattern[str], frozenset[str] | None]] = []
         scope_types: set[str] = set()
@@ -249,8 +256,16 @@ class Matcher:
         return best
 
 
-def path_predicate(patterns: Sequence[str | re.Pattern[str]]) -> Callable[[str], bool] | None:
+def path_predicate(
+    patterns: Sequence[str | re.Pattern[str]] | str | re.Pattern[str],
+) -> Callable[[str], bool] | None:
     """A fast ``path -> bool`` for exempt lists (``None`` if the list is empty)."""
+    given: object = patterns  # typed, but checked: untyped callers exist
+    if isinstance(given, str | re.Pattern):
+        given = [given]
+    elif not isinstance(given, Iterable) or isinstance(given, bytes):
+        raise ConfigurationError(f"exempt must be a list of path patterns, got {patterns!r}")
+    patterns = list(given)
     if not patterns:
         return None
     exact = frozenset(p for p in patterns if isinstance(p, str) and _is_literal(p))

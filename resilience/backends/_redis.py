@@ -199,6 +199,21 @@ class RedisScript:
         return f"<RedisScript {self.sha[:10]}>"
 
 
+#: The longest backend timeout accepted (seconds): a round trip that may take longer
+#: is no failure mode at all, and socket timeouts overflow far beyond it.
+_MAX_TIMEOUT = 3600.0
+
+
+def _check_timeout(timeout: Any) -> float:
+    seconds: float = check_number("timeout", timeout, minimum=0.0, strict=True)
+    if seconds > _MAX_TIMEOUT:
+        raise ConfigurationError(
+            f"timeout is the bound on one Redis round trip (default 0.05 s); it must be "
+            f"<= {_MAX_TIMEOUT:g} s, got {timeout!r}"
+        )
+    return seconds
+
+
 class RedisBackend:
     """Shared state on Redis (standalone, Sentinel-managed or Cluster) for every policy.
 
@@ -252,7 +267,7 @@ class RedisBackend:
                 f"prefix must be a non-empty string without braces: {prefix!r}"
             )
         self.prefix = prefix
-        self.timeout: float = check_number("timeout", timeout, minimum=0.0, strict=True)
+        self.timeout: float = _check_timeout(timeout)
         self.cluster = check_bool("cluster", cluster)
         self._url = url
         self._sync_client = sync_client
@@ -297,7 +312,7 @@ class RedisBackend:
 
             backend = RedisBackend.from_url("redis://localhost:6379/0", prefix="api", timeout=0.1)
         """
-        timeout = check_number("timeout", timeout, minimum=0.0, strict=True)
+        timeout = _check_timeout(timeout)
         if not isinstance(url, str) or not url:
             raise ConfigurationError(
                 f"url must be a Redis URL such as 'redis://host:6379/0', got {url!r}"

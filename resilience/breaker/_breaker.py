@@ -289,6 +289,8 @@ class CircuitBreaker(PolicyBase):
         self._judge = self._config.record_result
         # Untimed and no result predicate: a success is one counter tick (see call()).
         self._plain = not self._timed and self._judge is None
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise ConfigurationError(f"seed must be an int or None, got {seed!r}")
         self._draw = random.Random(seed).random if seed is not None else random.random
         self._default_state = initial_state
 

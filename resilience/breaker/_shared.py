@@ -35,6 +35,7 @@ Keys (all of one breaker share one Redis Cluster hash tag)::
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -500,12 +501,8 @@ class SharedState:
         for wire, (key, until, trips, quorum) in unsent.items():
             ttl = int((until - now) * 1000)
             if ttl > 0 and breaker.state_of(key) is CircuitState.OPEN:
-                self._hub.submit(
-                    (self.name, wire),
-                    lambda w=wire, k=key, t=ttl, n=trips, q=quorum: self._publish_open(
-                        k, w, t, n, q
-                    ),
-                )
+                job = functools.partial(self._publish_open, key, wire, ttl, trips, quorum)
+                self._hub.submit((self.name, wire), job)
 
     def _failed(self, exc: Exception, key: Hashable = None) -> None:
         if not isinstance(exc, BackendError):  # a client bug must not escape either

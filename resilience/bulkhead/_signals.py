@@ -41,7 +41,7 @@ class ThreadSignal:
     def wait(self, timeout: float) -> None:
         """Block until set or ``timeout`` seconds passed."""
         if timeout > 0:
-            self._event.wait(None if timeout == _INF else timeout)
+            self._event.wait(None if timeout >= threading.TIMEOUT_MAX else timeout)
 
 
 class AsyncioSignal:

@@ -45,7 +45,7 @@ class ThreadWaiter(Waiter):
 
     def wait(self, timeout: float | None) -> None:
         """Block until woken or ``timeout`` seconds passed."""
-        if timeout is None or timeout == _INF:
+        if timeout is None or timeout >= threading.TIMEOUT_MAX:  # the OS call overflows
             self._parked.acquire()
         else:
             self._parked.acquire(timeout=max(timeout, 0.0))

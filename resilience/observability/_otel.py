@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .._events import Event, add_listener, remove_listener
+from ..errors import ConfigurationError
 from ._require import require
 from ._series import DEFAULT_BUCKETS, SERIES, Series, check_buckets, samples
 
@@ -49,6 +50,10 @@ class OpenTelemetryMetrics:
     ) -> None:
         bounds = check_buckets(buckets)
         metrics_api = require("opentelemetry.metrics", "otel")
+        if meter_provider is not None and not callable(getattr(meter_provider, "get_meter", None)):
+            raise ConfigurationError(
+                f"meter_provider must be an OpenTelemetry MeterProvider, got {meter_provider!r}"
+            )
         provider = metrics_api.get_meter_provider() if meter_provider is None else meter_provider
         self.meter: Any = provider.get_meter("resilience", _version())
         self._instruments: dict[Series, Any] = {}

@@ -68,6 +68,10 @@ class PrometheusMetrics:
             )
         client = require("prometheus_client", "prometheus")
         self._client = client
+        if registry is not None and not callable(getattr(registry, "register", None)):
+            raise ConfigurationError(
+                f"registry must be a prometheus_client CollectorRegistry, got {registry!r}"
+            )
         self.registry: Any = client.CollectorRegistry() if registry is None else registry
         self.buckets = check_buckets(buckets)
         prefix = f"{namespace}_" if namespace else ""

@@ -272,6 +272,26 @@ async def test_configuration_errors() -> None:
         RateLimitMiddleware(ok_app, limiter=RateLimiter("5/s"), cost=10)
     with pytest.raises(ConfigurationError, match="exceeds the burst"):
         RateLimitMiddleware(ok_app, limiter=RateLimiter("5/s"), rules=[Rule("/x", cost=6)])
+    # Not iterable: a TypeError from inside used to say so.
+    with pytest.raises(ConfigurationError, match="exempt must be a list"):
+        RateLimitMiddleware(ok_app, limiter=RateLimiter("1/s"), exempt=5)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="rules must be a list"):
+        RateLimitMiddleware(ok_app, limiter=RateLimiter("1/s"), rules=5)  # type: ignore[arg-type]
+
+
+async def test_one_rule_or_one_exempt_path_needs_no_list() -> None:
+    """``rules=Rule(...)`` is one rule, as ``exempt="/healthz"`` is one path (a lone Rule
+    failed with "'Rule' object is not iterable")."""
+    app = RateLimitMiddleware(
+        ok_app,
+        limiter=RateLimiter("1/hour", clock=FakeClock()),
+        rules=Rule("/login", limiter=RateLimiter("5/minute", name="login", clock=FakeClock())),  # type: ignore[arg-type]
+        exempt="/healthz",
+    )
+    login = await call(app, http_scope("/login"))
+    assert login.header("ratelimit-policy") == '"login";q=5;w=60'
+    for _ in range(3):
+        assert (await call(app, http_scope("/healthz"))).status == 200
 
 
 def test_a_middleware_or_transport_name_that_is_not_a_str_is_refused() -> None:

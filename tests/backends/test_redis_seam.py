@@ -81,6 +81,10 @@ def test_keys_share_one_hash_tag_and_hash_unsafe_parts(redis_server: RedisServer
         RedisBackend.from_url(redis_server.url, prefix="a{b}")
     with pytest.raises(rs.ConfigurationError):
         RedisBackend.from_url(redis_server.url, timeout=0)
+    # Centuries overflowed the socket calls (OverflowError at the first decision, not
+    # even a BackendError); a round-trip bound past an hour is a mistake.
+    with pytest.raises(rs.ConfigurationError, match="<= 3600"):
+        RedisBackend.from_url(redis_server.url, timeout=1e10)
 
 
 def test_errors_are_backend_errors_with_cause(redis_server: RedisServer) -> None:

@@ -73,6 +73,8 @@ def succeed_n(breaker: CircuitBreaker, n: int, *args: Any) -> None:
         ({"max_keys": 0}, "max_keys"),
         ({"idle_ttl": -1}, "idle_ttl"),
         ({"clock": object()}, "clock"),
+        ({"seed": [1]}, "seed"),
+        ({"seed": 1.5}, "seed"),
     ],
 )
 def test_bad_arguments_raise_configuration_error(kwargs: dict[str, Any], needle: str) -> None:

@@ -794,3 +794,18 @@ def test_a_listener_interrupted_at_admission_does_not_keep_the_slot(entry: str) 
     with pytest.raises(_Interrupt):
         entries[entry]()
     assert bulkhead.statistics().in_flight == 0
+
+
+def test_a_wait_of_centuries_is_a_wait_for_a_slot() -> None:
+    """``max_wait=1e10`` (past ``threading.TIMEOUT_MAX``) passed construction, then the
+    first caller that had to wait failed with OverflowError; it waits like
+    ``max_wait=inf``."""
+    bulkhead = rs.Bulkhead(1, max_wait=1e10)
+    holder = bulkhead.acquire_nowait()
+    results: list[str] = []
+    waiter = threading.Thread(target=lambda: results.append(bulkhead.call(lambda: "ran")))
+    waiter.start()
+    wait_until(lambda: bulkhead.statistics().waiting == 1)
+    holder.release()
+    waiter.join(5)
+    assert results == ["ran"]

@@ -205,6 +205,13 @@ def test_bad_arguments() -> None:
         FaultMiddleware(app, faults=chaos.Truncate(), enabled=True)
     with pytest.raises(rs.ConfigurationError, match="needs faults= or headers=True"):
         FaultMiddleware(app, headers=False, enabled=True)
+    # Not a TypeError or AttributeError from deep inside: the argument named.
+    with pytest.raises(rs.ConfigurationError, match="faults must be a fault or a list"):
+        FaultMiddleware(app, faults=0.1, enabled=True)  # type: ignore[arg-type]
+    with pytest.raises(rs.ConfigurationError, match="header_prefix"):
+        FaultMiddleware(app, header_prefix=5, enabled=True)  # type: ignore[arg-type]
+    with pytest.raises(rs.ConfigurationError, match="header_prefix"):
+        FaultMiddleware(app, header_prefix="x fault ", enabled=True)  # no header matches
 
 
 @pytest.mark.anyio

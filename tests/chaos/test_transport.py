@@ -258,6 +258,8 @@ def test_events_name_the_host() -> None:
         ({"hosts": {"": chaos.Status()}}, "hosts keys must be host names"),
         ({"hosts": {"https://a.test": chaos.Status()}}, "no scheme"),  # never matched
         ({"hosts": [("a.test", chaos.Status())]}, "must map"),
+        ({"faults": None}, "faults must be a fault or a list"),
+        ({"faults": "status"}, "faults must be a fault or a list"),
     ],
 )
 def test_bad_arguments(kwargs: dict[str, object], message: str) -> None:

@@ -84,6 +84,9 @@ def test_seed_may_be_a_random_instance() -> None:
         (lambda: backoff.exponential(0), "base must be > 0"),
         (lambda: backoff.exponential(0.1, multiplier=0.5), "multiplier must be >= 1"),
         (lambda: backoff.full_jitter(0.1, cap=-2), "cap must be >= 0"),
+        # random.Random took a list only to fail with TypeError; a str or a float too.
+        (lambda: backoff.full_jitter(0.1, seed=[1]), "seed must be an int"),
+        (lambda: backoff.equal_jitter(0.1, seed="abc"), "seed must be an int"),
     ],
 )
 def test_bad_arguments_raise_configuration_error(factory: object, message: str) -> None:

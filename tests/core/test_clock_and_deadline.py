@@ -125,3 +125,23 @@ def test_every_policy_refuses_a_clock_that_is_not_one(build: object) -> None:
         build("x")
     assert build(None) is not None
     assert build(FakeClock()) is not None
+
+
+def test_system_clock_sleeps_of_centuries_go_to_the_os_in_parts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``time.sleep`` refuses waits of centuries (OverflowError, OSError): a Retry with
+    ``backoff.constant(1e10)`` or a 1e10 s latency fault failed at their first sleep.
+    Long sleeps are made of parts the OS takes, adding up to the whole."""
+    import time
+
+    from resilience._clock import SYSTEM_CLOCK
+
+    parts: list[float] = []
+    monkeypatch.setattr(time, "sleep", parts.append)
+    SYSTEM_CLOCK.sleep(1e10)
+    assert sum(parts) == pytest.approx(1e10)
+    assert max(parts) <= 1e8
+    parts.clear()
+    SYSTEM_CLOCK.sleep(0.25)
+    assert parts == [0.25]

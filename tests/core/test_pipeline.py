@@ -214,6 +214,15 @@ def test_sync_call_of_an_async_function_is_refused(make: Any) -> None:
         assert policy.statistics().in_flight == 0
 
 
+def test_a_policy_class_instead_of_a_policy_is_refused() -> None:
+    """``rs.CircuitBreaker`` without parentheses has call and call_async (unbound), so
+    it passed the pipeline's check and every call then failed with a TypeError."""
+    with pytest.raises(rs.ConfigurationError, match=r"the class CircuitBreaker: call it"):
+        rs.Pipeline(rs.Retry(on=OSError), rs.CircuitBreaker)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"the class CircuitBreaker: call it"):
+        rs.decorate(rs.CircuitBreaker, len)  # type: ignore[arg-type]
+
+
 def test_pipeline_runs_outermost_first_and_passes_arguments() -> None:
     """Pipeline(a, b) is a around b around the call; every layer sees the arguments."""
     log: list[Any] = []

@@ -299,6 +299,17 @@ def test_imports_are_lazy() -> None:
     assert out.stdout.strip() == "[]"
 
 
+def test_a_registry_or_meter_provider_of_another_kind_is_refused() -> None:
+    """registry="default" or meter_provider="x" failed with an AttributeError from
+    inside the adapter; they are refused naming the argument."""
+    from resilience.observability import OpenTelemetryMetrics, PrometheusMetrics
+
+    with pytest.raises(rs.ConfigurationError, match="registry must be"):
+        PrometheusMetrics(registry="default")
+    with pytest.raises(rs.ConfigurationError, match="meter_provider must be"):
+        OpenTelemetryMetrics(meter_provider="x")
+
+
 @pytest.mark.parametrize("buckets", [[1, 0.5], [float("nan")], [float("inf")], [], "12", 5])
 def test_bad_histogram_buckets_are_refused_by_both_adapters(buckets: Any) -> None:
     """Unsorted, non-finite or empty bounds: a ConfigurationError when the adapter is
