@@ -42,17 +42,76 @@ class TimeoutStatistics:
 
 
 class _Expiry:
-    """Fires once at the deadline: marks itself and cancels the task (asyncio path)."""
+    """Fires once at the deadline: marks itself and cancels the task (asyncio path).
 
-    __slots__ = ("fired", "task")
+    A task inside an anyio scope shielded since the call began (a cleanup that must
+    finish) is not cancelled there: ``task.cancel()`` would cut through the shield,
+    which anyio cannot stop on asyncio. The expiry looks again every millisecond and
+    cancels once the shield is left, as an anyio cancel scope would.
+    """
 
-    def __init__(self, task: asyncio.Task[Any]) -> None:
+    __slots__ = ("entry", "fired", "handle", "loop", "task")
+
+    def __init__(self, task: asyncio.Task[Any], loop: asyncio.AbstractEventLoop) -> None:
         self.task = task
+        self.loop = loop
         self.fired = False
+        self.entry = _innermost_scope(task)
+        self.handle: asyncio.TimerHandle | None = None
+
+    def arm(self, when: float) -> None:
+        self.handle = self.loop.call_at(when, self)
+
+    def cancel(self) -> None:
+        if self.handle is not None:
+            self.handle.cancel()
 
     def __call__(self) -> None:
+        if self.entry is not _NO_ANYIO and _shielded(self.task, self.entry):
+            self.handle = self.loop.call_later(_SHIELD_POLL, self)
+            return
         self.fired = True
         self.task.cancel()
+
+
+#: Seconds between looks at a task shielded when its timeout expired.
+_SHIELD_POLL = 0.001
+
+_NO_ANYIO: Any = object()  # anyio's task states cannot be read (another anyio version)
+_anyio_tasks: Any = None
+
+
+def _innermost_scope(task: asyncio.Task[Any]) -> Any:
+    """The task's innermost anyio cancel scope now (``None``: none), read from anyio's
+    asyncio backend; :data:`_NO_ANYIO` if that cannot be read."""
+    global _anyio_tasks
+    if _anyio_tasks is None:
+        try:
+            from anyio._backends._asyncio import _task_states
+        except Exception:  # pragma: no cover - a layout this code does not know
+            _anyio_tasks = _NO_ANYIO
+        else:
+            _anyio_tasks = _task_states
+    if _anyio_tasks is _NO_ANYIO:
+        return _NO_ANYIO
+    try:
+        state = _anyio_tasks.get(task)
+        return None if state is None else state.cancel_scope
+    except Exception:  # pragma: no cover
+        return _NO_ANYIO
+
+
+def _shielded(task: asyncio.Task[Any], entry: Any) -> bool:
+    """Whether ``task`` is inside a shielded anyio scope entered after ``entry``."""
+    scope = _innermost_scope(task)
+    try:
+        while scope is not None and scope is not entry and scope is not _NO_ANYIO:
+            if scope._shield:
+                return True
+            scope = scope._parent_scope
+    except AttributeError:  # pragma: no cover - another anyio version
+        return False
+    return False
 
 
 def from_any_thread(callback: Callable[[], object]) -> Callable[[], None]:
@@ -257,8 +316,8 @@ class Timeout(PolicyBase, ResilienceError, TimeoutError):
                     return await call_anyio(seconds, fn, args, kwargs)
                 task = asyncio.current_task(loop)
                 assert task is not None
-                expiry = _Expiry(task)
-                handle = loop.call_at(loop.time() + seconds, expiry)
+                expiry = _Expiry(task, loop)
+                expiry.arm(loop.time() + seconds)
                 cancelling = task.cancelling()
                 try:
                     result = await fn(*args, **kwargs)
@@ -274,7 +333,7 @@ class Timeout(PolicyBase, ResilienceError, TimeoutError):
                         task.uncancel()
                     raise
                 finally:
-                    handle.cancel()
+                    expiry.cancel()
                 if expiry.fired:
                     # The call caught our cancellation and returned anyway: take back the
                     # cancel request, and discard the late value as the sync path does.

@@ -348,3 +348,47 @@ def test_bad_seconds(seconds: object) -> None:
     """The limit must be a positive number."""
     with pytest.raises(rs.ConfigurationError, match="seconds"):
         rs.Timeout(seconds)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.anyio
+async def test_a_shielded_section_inside_the_call_finishes_before_the_cut(
+    anyio_backend: str,
+) -> None:
+    """On asyncio a decorated Timeout cuts with a loop timer and ``task.cancel()``,
+    which went through anyio's shields: cleanup the call shielded (closing a
+    connection, committing) was cut in the middle. The cut now waits for the shield to
+    be left, as an anyio cancel scope does. Both timers are the loop's, so their order
+    does not depend on the machine's speed: the deadline passes while the shielded
+    section waits, and the section is released 30 ms later."""
+    loop = asyncio.get_running_loop()
+    released = asyncio.Event()
+    log: list[str] = []
+
+    @rs.Timeout(0.001)
+    async def call() -> None:
+        with anyio.CancelScope(shield=True):
+            loop.call_later(0.03, released.set)
+            await released.wait()
+            log.append("shielded section finished")
+        await anyio.sleep(1)
+        log.append("not cut")
+
+    with pytest.raises(rs.Timeout):
+        await call()
+    assert log == ["shielded section finished"]
+    assert asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.anyio
+async def test_a_shield_around_the_timed_call_does_not_stop_its_cut(anyio_backend: str) -> None:
+    """Only shields entered inside the call hold the cut back: a Timeout used within a
+    shielded block (a cleanup bounded in time) still cuts its call."""
+
+    @rs.Timeout(0.001)
+    async def stuck() -> None:
+        await asyncio.Event().wait()
+
+    with anyio.CancelScope(shield=True), pytest.raises(rs.Timeout):
+        await stuck()
