@@ -175,6 +175,12 @@ class Retry(PolicyBase):
             return 0.0
         return delay
 
+    def __repr__(self) -> str:
+        on = self._matches.types
+        what = "a predicate" if on is None else "(" + ", ".join(t.__name__ for t in on) + ")"
+        deadline = "" if self.deadline is None else f" deadline={self.deadline:g}"
+        return f"<Retry {self.name!r} on={what} attempts={self.attempts}{deadline}>"
+
     def _refund(self) -> None:
         """The backoff was cancelled: the retry it led to is not sent."""
         if self.budget is not None:

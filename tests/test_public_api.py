@@ -76,3 +76,29 @@ def test_import_resilience_loads_no_optional_dependency() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout
     assert json.loads(out) == []
+
+
+def test_reprs_show_the_configuration_that_tells_objects_apart() -> None:
+    """A breaker, a retry, the key functions and the middlewares show what they are
+    configured with, not only a name (``route()`` and ``client_ip()`` dropped options,
+    which made two different keys read the same in logs)."""
+    import resilience as rs
+    from resilience.asgi import RateLimitMiddleware, api_key, client_ip, route
+
+    breaker = rs.CircuitBreaker(failure_rate=0.3, window=20, open_for=5)
+    assert (
+        repr(breaker) == "<CircuitBreaker 'CircuitBreaker' failure_rate=0.3 window=20 open_for=5>"
+    )
+    retry = rs.Retry(on=OSError, attempts=5, deadline=3)
+    assert repr(retry) == "<Retry 'Retry' on=(OSError) attempts=5 deadline=3>"
+    assert repr(route(["/items/{id}"])) == "route(['/items/{id}'])"
+    assert repr(client_ip(ipv6_prefix=64)).endswith("ipv6_prefix=64)")
+    assert repr(api_key("authorization", scheme="Bearer")) == (
+        "api_key('authorization', scheme='Bearer')"
+    )
+
+    async def app(scope: object, receive: object, send: object) -> None: ...
+
+    middleware = RateLimitMiddleware(app, limiter=rs.RateLimiter("1/s"), name="api")
+    assert repr(middleware).startswith("<RateLimitMiddleware 'api' app=")
+    assert repr(middleware).endswith(".<locals>.app>")

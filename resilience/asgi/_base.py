@@ -6,5 +6,14 @@ from .._events import Observable
 
 __all__ = ["Observed"]
 
-#: The middlewares' base: :class:`resilience._events.Observable` under its ASGI name.
-Observed = Observable
+
+class Observed(Observable):
+    """The middlewares' base: :class:`resilience._events.Observable` with a repr that
+    names the middleware and the app it wraps."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        app = getattr(self, "app", None)
+        inner = getattr(app, "__qualname__", None) or type(app).__name__
+        return f"<{type(self).__name__} {self.name!r} app={inner}>"

@@ -228,7 +228,9 @@ def client_ip(
         or not 0 < ipv6_prefix <= 128
     ):
         raise ConfigurationError(f"ipv6_prefix must be an integer in [1, 128], got {ipv6_prefix!r}")
-    name = f"client_ip(trusted_proxies={proxies!r}, header={header_name!r})"
+    name = f"client_ip(trusted_proxies={proxies!r}, header={header_name!r}" + (
+        ")" if ipv6_prefix is None else f", ipv6_prefix={ipv6_prefix})"
+    )
 
     if not networks and not trust_unix and ipv6_prefix is None:
         # The common case: the socket peer, no parsing at all.
@@ -352,7 +354,12 @@ def api_key(
                     break
         return "key:" + value if value else None
 
-    return Key(by_api_key, f"api_key({header!r})")
+    options = "".join(
+        f", {name}={value!r}"
+        for name, value in (("scheme", scheme), ("query_param", query_param))
+        if value is not None
+    )
+    return Key(by_api_key, f"api_key({header!r}{options})")
 
 
 def user(scope_key: str = "user") -> Key:
@@ -497,7 +504,7 @@ def route(templates: Iterable[str] = ()) -> Key:
             template = lookup.__wrapped__(*args)
         return f"route:{method} {template}"
 
-    return Key(by_route, "route()")
+    return Key(by_route, f"route({[t for t, _ in patterns]!r})" if patterns else "route()")
 
 
 def scope_app_of(app: Any) -> Any:

@@ -901,7 +901,19 @@ class CircuitBreaker(PolicyBase):
         return self._shared
 
     def __repr__(self) -> str:
-        return f"<CircuitBreaker {self.name!r}>"
+        config = self._config
+        trips = []
+        if config.failure_rate is not None:
+            unit = "" if config.window_type == "count" else "s"
+            trips.append(f"failure_rate={config.failure_rate:g} window={config.window:g}{unit}")
+        if config.consecutive_failures is not None:
+            trips.append(f"consecutive_failures={config.consecutive_failures}")
+        if config.slow_call is not None:
+            trips.append(f"slow_call={config.slow_call:g}")
+        keyed = " keyed" if self._cores is not None else ""
+        return (
+            f"<CircuitBreaker {self.name!r}{keyed} {' '.join(trips)} open_for={config.open_for:g}>"
+        )
 
 
 def _is_redis_backend(backend: Any) -> bool:
