@@ -104,6 +104,12 @@ async def call(app: Callable[..., Any], scope: Scope, body: bytes = b"") -> Resu
     return result
 
 
+async def receive_nothing() -> dict[str, Any]:
+    """An ASGI receive for a request whose body never comes (nor a disconnect)."""
+    await anyio.sleep_forever()
+    raise AssertionError("unreachable")
+
+
 async def ok_app(scope: Any, receive: Any, send: Any) -> None:
     """A bare ASGI app answering 200 "ok"."""
     await send(

@@ -16,7 +16,7 @@ from resilience.asgi import Rule, TimeoutMiddleware
 from resilience.errors import ConfigurationError
 from resilience.testing import FakeClock
 
-from ._support import Result, call, http_scope, ok_app, serve
+from ._support import Result, call, http_scope, ok_app, receive_nothing, serve
 
 pytestmark = pytest.mark.anyio
 
@@ -84,14 +84,10 @@ async def test_a_sync_endpoint_gets_its_504_at_the_deadline(anyio_backend: str) 
         if message["type"] == "http.response.body" and not message.get("more_body"):
             answered.set()
 
-    async def receive() -> dict[str, Any]:
-        await anyio.sleep_forever()
-        raise AssertionError("unreachable")
-
     middleware = TimeoutMiddleware(blocking, seconds=5, clock=clock)
     with anyio.fail_after(5):
         async with anyio.create_task_group() as tg:
-            tg.start_soon(middleware, http_scope("/"), receive, send)
+            tg.start_soon(middleware, http_scope("/"), receive_nothing, send)
             await started.wait()
             clock.advance(5)
             if anyio_backend == "asyncio":
@@ -229,14 +225,10 @@ async def test_the_end_of_a_cut_stream_to_a_client_that_stopped_reading_is_bound
         started.set()
         await anyio.sleep_forever()
 
-    async def receive() -> dict[str, Any]:
-        await anyio.sleep_forever()
-        raise AssertionError("unreachable")
-
     middleware = TimeoutMiddleware(streaming, seconds=2, clock=clock)
     with anyio.fail_after(5):
         async with anyio.create_task_group() as tg:
-            tg.start_soon(middleware, http_scope(), receive, blocked_send)
+            tg.start_soon(middleware, http_scope(), receive_nothing, blocked_send)
             await started.wait()
             clock.advance(2)
     assert sent[-1] == {"type": "http.response.body", "body": b"", "more_body": False}
