@@ -100,29 +100,29 @@ class RetryBudget:
 
     def try_withdraw(self) -> bool:
         """Take one retry from the budget; ``False`` (and nothing taken) when it is empty."""
+        return self._take() is not None
+
+    def _take(self) -> int | None:
+        """:meth:`try_withdraw`, returning the bucket the retry was taken from (a ticket
+        for :meth:`_refund`), or ``None``."""
         now = self._clock.monotonic()
         with self._lock:
             bucket = self._bucket(now)
             calls, retries = self._totals()
             if retries + 1 > self.ratio * calls + self.min_per_second * self.window:
                 self._refused += 1
-                return False
+                return None
             bucket[1] += 1
-            return True
+            return math.floor(now)
 
-    def refund(self) -> None:
-        """Give back a retry taken by :meth:`try_withdraw` that was never sent (its
-        backoff was cancelled): callers that give up mid-backoff must not drain the
-        budget of those that retry.
-
-        Example: ``budget.refund()``
-        """
+    def _refund(self, ticket: int) -> None:
+        """Give back the retry taken under ``ticket`` that was never sent (its backoff
+        was cancelled), if it still counts in the window: callers that give up
+        mid-backoff must not drain the budget of those that retry."""
         with self._lock:
-            for index in sorted(self._buckets, reverse=True):  # the newest that holds one
-                bucket = self._buckets[index]
-                if bucket[1] > 0:
-                    bucket[1] -= 1
-                    return
+            bucket = self._buckets.get(ticket)
+            if bucket is not None and bucket[1] > 0:
+                bucket[1] -= 1
 
     def statistics(self) -> RetryBudgetStatistics:
         """Calls and retries in the current window, retries still available, and

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -23,6 +24,12 @@ ExceptionFilter = (
 )
 
 
+#: Exceptions that pass through every policy, and whose subclasses are never
+#: :class:`Exception` instances in practice (unlike ``BaseExceptionGroup``, whose
+#: ``ExceptionGroup`` is one).
+_PASS_THROUGH = (KeyboardInterrupt, SystemExit, GeneratorExit, asyncio.CancelledError)
+
+
 def _never_seen(name: str, kind: type[BaseException]) -> ConfigurationError:
     return ConfigurationError(
         f"{name}: {kind.__name__} is not an Exception subclass, so it never reaches this "
@@ -35,12 +42,13 @@ def exception_filter(
 ) -> tuple[tuple[type[BaseException], ...] | None, Callable[[BaseException], bool] | None]:
     """Split ``on`` into ``(types, predicate)``: exactly one of them is not ``None``.
 
-    ``exceptions_only``: the policy handles :class:`Exception` instances only, so a
-    type that can only match others (``KeyboardInterrupt``) is refused as a mistake.
+    ``exceptions_only``: the policy handles :class:`Exception` instances only, so the
+    types that always pass through (``KeyboardInterrupt``, ``SystemExit``,
+    cancellation) are refused as a mistake.
     """
     if isinstance(on, type):
         if issubclass(on, BaseException):
-            if exceptions_only and not issubclass(on, Exception) and on is not BaseException:
+            if exceptions_only and issubclass(on, _PASS_THROUGH):
                 raise _never_seen(name, on)
             return (on,), None
         raise ConfigurationError(
@@ -55,7 +63,7 @@ def exception_filter(
                 raise ConfigurationError(
                     f"{name} must be exception types or a predicate, got {item!r} in {on!r}"
                 )
-            if exceptions_only and not issubclass(item, Exception) and item is not BaseException:
+            if exceptions_only and issubclass(item, _PASS_THROUGH):
                 raise _never_seen(name, item)
         return tuple(on), None
     if callable(on):

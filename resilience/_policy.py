@@ -93,15 +93,30 @@ def refuse_async(policy: object, fn: object) -> None:
     The sync ``call`` of an ``async def`` function only creates the coroutine: the
     policy would admit, time or retry nothing of the work, which runs when the caller
     awaits the coroutine, outside the policy (``await breaker.call(fetch)`` reads
-    right and protects nothing). Checked on the function's code flags, the cost of
-    one attribute read; partials and callable objects are not inspected here.
+    right and protects nothing). Checked on code flags (a function, a method, a
+    ``functools.partial`` of one, an object whose ``__call__`` is ``async def``): a few
+    attribute reads, cheaper than :func:`is_async_callable`.
     """
-    code = getattr(fn, "__code__", None)
-    if code is not None and code.co_flags & _CO_COROUTINE:
+    if _returns_coroutine(fn):
         raise TypeError(
             f"{fn!r} is an async function: use `await policy.call_async(fn, ...)` "
             f"(or decorate it) to run it under {policy!r}"
         )
+
+
+def _returns_coroutine(fn: object) -> bool:
+    while type(fn) is functools.partial:
+        fn = fn.func
+    try:
+        code = getattr(fn, "__code__", None)
+        if code is None and not isinstance(fn, type):  # a callable object's __call__
+            code = getattr(type(fn).__call__, "__code__", None)
+        flags = getattr(code, "co_flags", None)
+    except Exception:  # a proxy whose attributes misbehave: not ours to judge
+        return False
+    # An int: a proxy answers any attribute with anything (xmlrpc's _Method); an
+    # AsyncMock's stand-in code object has real flags.
+    return type(flags) is int and bool(flags & _CO_COROUTINE)
 
 
 def decorate(policy: Policy | Fallback[Any], fn: Callable[P, T]) -> Callable[P, T]:

@@ -50,11 +50,13 @@ class RetryStatistics:
 class _Run:
     """The mutable state of one call's retries; created only after a first failure."""
 
-    __slots__ = ("attempt", "delays", "skipped")
+    __slots__ = ("attempt", "delays", "skipped", "ticket")
 
     def __init__(self, delays: Iterator[float]) -> None:
         self.attempt = 1
         self.delays = delays
+        #: The budget's ticket of the retry scheduled last (given back if it is not sent).
+        self.ticket: int | None = None
         #: Seconds of backoff skipped under ``testing.no_wait()``: they still count
         #: against the deadlines, so the attempts are those a real wait would give.
         self.skipped = 0.0
@@ -160,11 +162,13 @@ class Retry(PolicyBase):
         if remaining is not None and delay >= remaining:
             return self._give_up(attempt, "deadline", exc)
         budget = self.budget
-        if budget is not None and not budget.try_withdraw():
+        if budget is not None and (ticket := budget._take()) is None:
             self._budget_refusals += 1
             if self._observed:
                 self._emit(RetryBudgetExhausted(policy=self.name, attempt=attempt))
             return self._give_up(attempt, "budget", exc)
+        if budget is not None:
+            run.ticket = ticket
         run.attempt = attempt + 1
         if self._observed:
             self._emit(
@@ -181,10 +185,10 @@ class Retry(PolicyBase):
         deadline = "" if self.deadline is None else f" deadline={self.deadline:g}"
         return f"<Retry {self.name!r} on={what} attempts={self.attempts}{deadline}>"
 
-    def _refund(self) -> None:
+    def _refund(self, run: _Run) -> None:
         """The backoff was cancelled: the retry it led to is not sent."""
-        if self.budget is not None:
-            self.budget.refund()
+        if self.budget is not None and run.ticket is not None:
+            self.budget._refund(run.ticket)
 
     def _give_up(self, attempts: int, reason: str, exc: BaseException | None) -> float | None:
         self._exhausted += 1
@@ -254,7 +258,7 @@ class Retry(PolicyBase):
             try:
                 self._clock.sleep(delay)
             except BaseException:
-                self._refund()
+                self._refund(run)
                 raise
             self._retries += 1  # counted once started: a cancelled backoff is no retry
             try:
@@ -320,7 +324,7 @@ class Retry(PolicyBase):
             try:
                 await self._clock.sleep_async(delay)
             except BaseException:
-                self._refund()
+                self._refund(run)
                 raise
             self._retries += 1  # counted once started (see _resume)
             try:

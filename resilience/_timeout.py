@@ -46,18 +46,22 @@ class _Expiry:
 
     A task inside an anyio scope shielded since the call began (a cleanup that must
     finish) is not cancelled there: ``task.cancel()`` would cut through the shield,
-    which anyio cannot stop on asyncio. The expiry looks again every millisecond and
-    cancels once the shield is left, as an anyio cancel scope would.
+    which anyio cannot stop on asyncio. The expiry is ``due`` then, and looks again
+    (after 1 ms, doubling up to 20 ms) to cancel once the shield is left, as an anyio
+    cancel scope would; a call that returns from the shield is past its limit all the
+    same.
     """
 
-    __slots__ = ("entry", "fired", "handle", "loop", "task")
+    __slots__ = ("due", "entry", "fired", "handle", "loop", "poll", "task")
 
     def __init__(self, task: asyncio.Task[Any], loop: asyncio.AbstractEventLoop) -> None:
         self.task = task
         self.loop = loop
-        self.fired = False
+        self.due = False  # the limit has passed
+        self.fired = False  # and the task was cancelled for it
         self.entry = _innermost_scope(task)
         self.handle: asyncio.TimerHandle | None = None
+        self.poll = _SHIELD_POLL
 
     def arm(self, when: float) -> None:
         self.handle = self.loop.call_at(when, self)
@@ -67,15 +71,19 @@ class _Expiry:
             self.handle.cancel()
 
     def __call__(self) -> None:
+        self.due = True
         if self.entry is not _NO_ANYIO and _shielded(self.task, self.entry):
-            self.handle = self.loop.call_later(_SHIELD_POLL, self)
+            self.handle = self.loop.call_later(self.poll, self)
+            self.poll = min(self.poll * 2, _SHIELD_POLL_MAX)
             return
         self.fired = True
         self.task.cancel()
 
 
-#: Seconds between looks at a task shielded when its timeout expired.
+#: Seconds before the first look again at a task shielded when its timeout expired,
+#: and the longest wait between looks (each doubles the last).
 _SHIELD_POLL = 0.001
+_SHIELD_POLL_MAX = 0.02
 
 _NO_ANYIO: Any = object()  # anyio's task states cannot be read (another anyio version)
 _anyio_tasks: Any = None
@@ -338,6 +346,8 @@ class Timeout(PolicyBase, ResilienceError, TimeoutError):
                     # The call caught our cancellation and returned anyway: take back the
                     # cancel request, and discard the late value as the sync path does.
                     task.uncancel()
+                    raise error(seconds)
+                if expiry.due:  # returned from a shield it was in at the limit: late
                     raise error(seconds)
                 return result
             finally:

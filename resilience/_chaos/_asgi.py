@@ -122,7 +122,9 @@ class FaultMiddleware(Observable):
             else None
         )
         self._headers = check_bool("headers", headers)
-        prefix = check_header_name("header_prefix", header_prefix).lower().encode("latin-1")
+        if header_prefix != "":  # "" is allowed: the bare names ("abort-request")
+            check_header_name("header_prefix", header_prefix)
+        prefix = header_prefix.lower().encode("latin-1")
         self._abort_header = prefix + b"abort-request"
         self._abort_pct_header = prefix + b"abort-request-percentage"
         self._delay_header = prefix + b"delay-request"

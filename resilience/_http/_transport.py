@@ -106,12 +106,14 @@ def _replayable(body: Any, *, at_once: bool) -> bool:
 class _Run:
     """The retry state of one request; created only after a first failure."""
 
-    __slots__ = ("attempt", "delays", "repeatable")
+    __slots__ = ("attempt", "delays", "repeatable", "ticket")
 
     def __init__(self, delays: Iterator[float], repeatable: bool) -> None:
         self.attempt = 1
         self.delays = delays
         self.repeatable = repeatable
+        #: The budget's ticket of the retry scheduled last (given back if it is not sent).
+        self.ticket: int | None = None
 
 
 class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observable):
@@ -467,8 +469,10 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observab
         remaining = _deadline.time_remaining()
         if remaining is not None and remaining - delay < _MIN_ATTEMPT_TIME:
             return self._give_up(host, attempt, "deadline", exc)
-        if not self.budget.try_withdraw():
+        ticket = self.budget._take()
+        if ticket is None:
             return self._give_up(host, attempt, "budget", exc)
+        run.ticket = ticket
         run.attempt = attempt + 1
         self._retries += 1
         if self._observed:
@@ -523,11 +527,12 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observab
         breaker = host.breaker
         return breaker is None or breaker.state_of(host.breaker_key) in _HEDGEABLE
 
-    def _unschedule(self) -> None:
-        """A retry's backoff was cancelled: it is not sent, so neither counted nor paid
-        for from the budget."""
+    def _unschedule(self, run: _Run) -> None:
+        """A retry was cancelled before it was sent (while the answer in hand was read,
+        or in its backoff): neither counted nor paid for from the budget."""
         self._retries -= 1
-        self.budget.refund()
+        if run.ticket is not None:
+            self.budget._refund(run.ticket)
 
     def _commit_hedge(self, host: Host, admitted: _Hedge) -> bool:
         """Take the hedge's quota unit (a paced host) and its retry from the budget as it
@@ -621,13 +626,13 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observab
                         exc = None
                 assert response is not None
                 return response
-            kept = _kept(response)
-            previous = exc
             try:
+                kept = _kept(response)
                 self._clock.sleep(delay)
             except BaseException:
-                self._unschedule()
+                self._unschedule(run)
                 raise
+            previous = exc
             response, exc = self._round(request, body, host, inner)
             final = self._settled(host, run, response, exc, kept, previous)
             if final is not None:
@@ -863,13 +868,13 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observab
                         exc = None
                 assert response is not None
                 return response
-            kept = await _kept_async(response)
-            previous = exc
             try:
+                kept = await _kept_async(response)
                 await self._clock.sleep_async(delay)
             except BaseException:
-                self._unschedule()
+                self._unschedule(run)
                 raise
+            previous = exc
             response, exc = await self._round_async(request, body, host, inner)
             final = self._settled(host, run, response, exc, kept, previous)
             if final is not None:

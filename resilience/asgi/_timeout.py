@@ -166,6 +166,10 @@ class TimeoutMiddleware(Observed):
         try:
             with cancel_scope:
                 await self.app(scope, receive, send_wrapper)
+        except BaseException:
+            if answer is not None:  # the app failed after its cut: the 504 still goes out
+                await _settle(answer)
+            raise
         finally:
             _deadline.pop(token)
             if timer is not None:
@@ -177,10 +181,7 @@ class TimeoutMiddleware(Observed):
         if self._observed:
             self._emit(TimedOut(policy=self.name, key=rule_path, seconds=seconds))
         if answer is not None:
-            try:
-                await answer
-            except Exception:  # best effort: the client went away, or the server refused
-                pass
+            await _settle(answer)
             return
         if not started:
             await self._problem.send(send)
@@ -196,6 +197,16 @@ class TimeoutMiddleware(Observed):
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
             except Exception:  # best effort: the client went away, or the server refused
                 pass
+
+
+async def _settle(answer: Any) -> None:
+    """Wait for the 504 sent at the deadline (even if this request is being cancelled:
+    it must not send after the request has returned); its failure is the client's."""
+    with anyio.CancelScope(shield=True):
+        try:
+            await answer
+        except Exception:  # best effort: the client went away, or the server refused
+            pass
 
 
 #: Seconds the clean end of a cut stream may take to send.

@@ -205,6 +205,7 @@ class _Hub:
         members = self._live()
         for member in members:
             member._unsent_lock = threading.Lock()
+            member._unsent = {}  # the parent's trips, not this process's to report
         if not self.stopped and members:
             self._start_threads()
 
@@ -483,9 +484,16 @@ class SharedState:
         with self._unsent_lock:
             if sent:
                 self._unsent.pop(wire, None)
-            else:
-                until = time.monotonic() + ttl / 1000.0
-                self._unsent[wire] = (key, until, trips, quorum)
+                return
+            now = time.monotonic()
+            unsent = self._unsent
+            unsent.pop(wire, None)  # re-inserted as the newest
+            if len(unsent) >= _MAX_PENDING:  # a long outage: forget what is over, then the oldest
+                for old in [w for w, entry in unsent.items() if entry[1] <= now]:
+                    del unsent[old]
+                if len(unsent) >= _MAX_PENDING:
+                    del unsent[next(iter(unsent))]
+            unsent[wire] = (key, now + ttl / 1000.0, trips, quorum)
 
     def _publish_close(self, key: str | None) -> None:
         with self._unsent_lock:

@@ -38,7 +38,7 @@ _DELETE_LUA = "return redis.call('DEL', KEYS[1])"
 _MAX_CACHED_KEYS = 8192
 
 
-#: The largest refill time (whole-microsecond or fractional ticks) the script keeps exact.
+#: The longest refill (microseconds) the script keeps exact.
 _MAX_EXACT = 2**52
 
 
@@ -105,15 +105,15 @@ class RedisBuckets:
         d = gcra.denominator
         eq, er = divmod(gcra.emission, d)
         tq, tr = divmod(gcra.tolerance, d)
-        # The script's state and arithmetic are Lua doubles, exact below 2**53: the
-        # time to refill the whole burst (in microseconds, or in the 1/d-microsecond
-        # ticks of a fractional emission interval) must leave room for Redis' clock.
-        if (tq if er == 0 else gcra.tolerance) > _MAX_EXACT:
+        # The script's state is a Lua double, exact below 2**53 microseconds (Redis' own
+        # clock is 1.8e15 of them): the time to refill the whole burst must leave it room.
+        # (A fractional interval's products with the amount may round below a
+        # microsecond's fraction on huge quotas: no decision moves by a microsecond.)
+        if tq > _MAX_EXACT:
             raise ConfigurationError(
                 f"burst {gcra.burst} at {gcra.rate} takes too long to refill for the Redis "
-                "backend (its state is an exact integer below 2**52 microseconds, about "
-                "142 years, or 2**52 ticks of 1/amount microsecond for a rate whose "
-                "interval is not whole microseconds): use a smaller burst or a faster rate"
+                "backend (its state is an exact number of microseconds below 2**52 of "
+                "refill, about 142 years): use a smaller burst or a faster rate"
             )
         # Whole-microsecond emission intervals need no fractional part (the fast path).
         self._argv = (eq, tq)

@@ -99,6 +99,50 @@ async def test_a_sync_endpoint_gets_its_504_at_the_deadline(anyio_backend: str) 
     assert Result(sent).complete
 
 
+async def test_an_app_that_fails_after_its_cut_still_gets_its_504_out_first(
+    anyio_backend: str,
+) -> None:
+    """A cut app whose cleanup raises: its error goes on to the server (which logs
+    it), but on asyncio only after the 504 sent at the deadline is complete (that task
+    was left to send after the request had returned)."""
+    clock = FakeClock()
+    started = anyio.Event()
+    sent: list[dict[str, Any]] = []
+    returned = False
+
+    async def failing(scope: Any, receive: Any, send: Any) -> None:
+        started.set()
+        try:
+            await anyio.sleep_forever()
+        except anyio.get_cancelled_exc_class():
+            raise RuntimeError("cleanup failed") from None
+
+    async def send(message: dict[str, Any]) -> None:
+        assert not returned
+        await anyio.sleep(0)
+        sent.append(message)
+
+    middleware = TimeoutMiddleware(failing, seconds=5, clock=clock)
+
+    async def request() -> None:
+        nonlocal returned
+        with pytest.raises(RuntimeError, match="cleanup failed"):
+            await middleware(http_scope("/"), receive_nothing, send)
+        returned = True
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(request)
+            await started.wait()
+            clock.advance(5)
+    assert returned
+    if anyio_backend == "asyncio":  # sent at the deadline; on trio the server answers
+        assert [m.get("status") for m in sent if m["type"] == "http.response.start"] == [504]
+        assert Result(sent).complete
+    else:
+        assert sent == []
+
+
 async def test_no_timeout_before_the_deadline() -> None:
     """Advancing less than ``seconds`` leaves the request alone."""
     clock = FakeClock()

@@ -434,6 +434,35 @@ def test_a_breaker_built_before_a_fork_keeps_sharing_in_the_child(fleet: Fleet) 
     assert parent.state is CircuitState.OPEN
 
 
+def _report_unsent(breaker: CircuitBreaker) -> None:
+    shared = breaker.shared
+    assert shared is not None
+    os._exit(len(shared._unsent))
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
+def test_a_forked_child_does_not_report_its_parents_unsent_trips(
+    fleet: Fleet, redis_server: RedisServer
+) -> None:
+    """A trip the parent could not publish is the parent's to send: a child sending it
+    too (as its own report, under its own identity) counted twice toward a quorum."""
+    parent = fleet.add(open_for=30.0)
+    assert parent.shared is not None
+    redis_server.kill()
+    assert wait_for(lambda: parent.shared is not None and not parent.shared.connected)
+    errors = parent.shared.statistics()["backend_errors"]
+    for _ in range(2):
+        with pytest.raises(Boom):
+            parent.call(boom)
+    assert wait_for(
+        lambda: parent.shared is not None and parent.shared.statistics()["backend_errors"] > errors
+    )
+    child = multiprocessing.get_context("fork").Process(target=_report_unsent, args=(parent,))
+    child.start()
+    child.join(30)
+    assert child.exitcode == 0  # nothing of the parent's to send
+
+
 @pytest.mark.anyio
 async def test_async_election(fleet: Fleet) -> None:
     """The async path wins the fleet probe without blocking (asyncio client / trio thread)."""

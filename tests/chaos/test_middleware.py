@@ -212,6 +212,7 @@ def test_bad_arguments() -> None:
         FaultMiddleware(app, header_prefix=5, enabled=True)  # type: ignore[arg-type]
     with pytest.raises(rs.ConfigurationError, match="header_prefix"):
         FaultMiddleware(app, header_prefix="x fault ", enabled=True)  # no header matches
+    FaultMiddleware(app, header_prefix="", enabled=True)  # the bare names: abort-request
 
 
 @pytest.mark.anyio

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import warnings
@@ -203,13 +204,25 @@ def test_sync_call_of_an_async_function_is_refused(make: Any) -> None:
         async def get(self, url: str) -> str:
             return url
 
+        async def __call__(self, url: str) -> str:
+            return url
+
+    class Proxy:
+        """Answers every attribute, ``__code__`` included (like xmlrpc's proxies)."""
+
+        def __getattr__(self, name: str) -> Any:
+            return Proxy()
+
+        def __call__(self, url: str) -> str:
+            return url.upper()
+
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a created, never-awaited coroutine would warn
-        for fn in (fetch, Client().get):
+        for fn in (fetch, Client().get, Client(), functools.partial(fetch)):
             with pytest.raises(TypeError, match="call_async"):
                 policy.call(fn, "u")
     assert started == []
-    assert policy.call(lambda url: url.upper(), "u") == "U"  # the one token, the slot
+    assert policy.call(Proxy(), "u") == "U"  # the one token, the slot
     if isinstance(policy, rs.Bulkhead):
         assert policy.statistics().in_flight == 0
 

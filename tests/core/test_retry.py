@@ -232,6 +232,49 @@ async def test_a_backoff_cancelled_gives_its_retry_back_to_the_budget() -> None:
     assert budget.statistics().refused == 0
 
 
+@pytest.mark.anyio
+async def test_a_cancelled_retry_gives_back_its_own_retry_not_another() -> None:
+    """A refund goes to the window the retry was taken from: a caller whose retry has
+    already aged out of the window gives nothing back (it used to give back the newest
+    retry, someone else's, and the budget then granted more than its cap)."""
+    import anyio
+
+    class Stalling(FakeClock):
+        async def sleep_async(self, seconds: float) -> None:
+            if seconds > 0:
+                await anyio.sleep_forever()
+
+    budget_clock = FakeClock()
+    budget = rs.RetryBudget(ratio=0.0, min_per_second=0.1, window=10, clock=budget_clock)
+    retry = rs.Retry(on=ConnectionError, budget=budget, backoff=[30.0], clock=Stalling())
+
+    @retry
+    async def down() -> None:
+        raise ConnectionError
+
+    first = anyio.CancelScope()
+    cancelled: list[bool] = []
+
+    async def first_caller() -> None:
+        with first:
+            await down()
+        cancelled.append(first.cancelled_caught)
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(first_caller)  # its retry is taken at t=0
+        await anyio.wait_all_tasks_blocked()
+        budget_clock.advance(11)  # the t=0 retry has left the 10 s window
+        group.start_soon(down)  # takes the window's one retry, at t=11
+        await anyio.wait_all_tasks_blocked()
+        assert budget.statistics().retries == 1
+        first.cancel()
+        await anyio.wait_all_tasks_blocked()
+        assert cancelled == [True]
+        assert budget.statistics().retries == 1  # the t=11 retry still counts
+        assert not budget.try_withdraw()
+        group.cancel_scope.cancel()
+
+
 def test_a_sync_backoff_interrupted_gives_its_retry_back(fake_clock: FakeClock) -> None:
     """The same in sync code: an interrupt during the backoff's sleep."""
     budget = rs.RetryBudget(ratio=0.0, min_per_second=0.25, window=4, clock=fake_clock)
@@ -387,6 +430,26 @@ def test_bad_arguments(kwargs: dict[str, Any], message: str) -> None:
     """Invalid configuration fails at construction with a message naming the argument."""
     with pytest.raises(rs.ConfigurationError, match=message):
         rs.Retry(**kwargs)
+
+
+def test_on_base_exception_group_retries_exception_groups() -> None:
+    """``BaseExceptionGroup`` is no Exception subclass, but its ``ExceptionGroup`` is:
+    a task group's failure reaches the policy, so ``on=BaseExceptionGroup`` is valid."""
+    failures = [ExceptionGroup("tasks", [OSError("one")])]
+
+    def flaky() -> str:
+        if failures:
+            raise failures.pop()
+        return "ok"
+
+    with no_wait():
+        assert rs.Retry(on=BaseExceptionGroup)(flaky)() == "ok"
+    assert (
+        rs.Fallback("degraded", on=BaseExceptionGroup)(
+            lambda: (_ for _ in ()).throw(ExceptionGroup("g", [KeyError()]))
+        )()
+        == "degraded"
+    )
 
 
 @pytest.mark.parametrize(

@@ -392,3 +392,26 @@ async def test_a_shield_around_the_timed_call_does_not_stop_its_cut(anyio_backen
 
     with anyio.CancelScope(shield=True), pytest.raises(rs.Timeout):
         await stuck()
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.anyio
+async def test_a_call_that_returns_from_its_shield_past_the_limit_is_late(
+    anyio_backend: str,
+) -> None:
+    """The cut waits for a shield, but a call whose shielded section is its last step
+    returns past its limit: that late value is discarded, as always (the expiry was due
+    while the section ran, though it never cancelled the task)."""
+    loop = asyncio.get_running_loop()
+    released = asyncio.Event()
+
+    @rs.Timeout(0.001)
+    async def close_and_return() -> str:
+        with anyio.CancelScope(shield=True):
+            loop.call_later(0.03, released.set)
+            await released.wait()
+        return "late value"
+
+    with pytest.raises(rs.Timeout):
+        await close_and_return()
+    assert asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]

@@ -799,6 +799,9 @@ async def test_a_request_cancelled_while_its_503_is_read_gives_its_slot_back(
             group.cancel_scope.cancel()
     assert bodies[0].closed
     assert bulkhead.statistics(key="a.test").in_flight == 0
+    # The retry it was reading for was never sent: not counted, not paid for.
+    assert t.statistics().retries == 0
+    assert t.budget.statistics().retries == 0
 
 
 def test_a_sync_request_interrupted_while_its_503_is_read_gives_its_slot_back(

@@ -89,7 +89,9 @@ def test_a_refill_of_years_is_answered_like_in_memory(
     [
         ("1/hour", 1_000_000, True),  # 3.6e15 us to refill: exact in Lua
         ("1/year", 100, True),
-        ("3/s", 10**8, True),  # fractional: 1e8 tokens of 1/3 s in ticks of 1/3 us
+        ("3/s", 10**8, True),  # a fractional interval (1/3 s)
+        ("70000/day", 70_000, True),  # fractional, a day to refill: an everyday quota
+        ("700000/day", 700_000, True),
         ("1/hour", 10_000_000, False),  # 3.6e16 us: past 2**52
         ("1/year", 200, False),
         ("3/s", 10**12, False),
