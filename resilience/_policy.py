@@ -19,6 +19,7 @@ import inspect
 import warnings
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
+from types import FunctionType
 from typing import TYPE_CHECKING, Any, ParamSpec, Protocol, TypeVar, cast, runtime_checkable
 
 from . import _deferred
@@ -97,11 +98,18 @@ def refuse_async(policy: object, fn: object) -> None:
     ``functools.partial`` of one, an object whose ``__call__`` is ``async def``): a few
     attribute reads, cheaper than :func:`is_async_callable`.
     """
-    if _returns_coroutine(fn):
-        raise TypeError(
-            f"{fn!r} is an async function: use `await policy.call_async(fn, ...)` "
-            f"(or decorate it) to run it under {policy!r}"
-        )
+    kind = type(fn)
+    if kind is _Layer:  # a pipeline's own layer: sync by construction
+        return
+    if kind is FunctionType:  # the common case, inline: one attribute read
+        if not fn.__code__.co_flags & _CO_COROUTINE:  # type: ignore[attr-defined]
+            return
+    elif not _returns_coroutine(fn):
+        return
+    raise TypeError(
+        f"{fn!r} is an async function: use `await policy.call_async(fn, ...)` "
+        f"(or decorate it) to run it under {policy!r}"
+    )
 
 
 def _returns_coroutine(fn: object) -> bool:
@@ -384,7 +392,17 @@ def _layer(policy: Policy, fn: Callable[..., Any], is_async: bool) -> Callable[.
     special = wrap(fn, is_async) if wrap is not None else None
     if special is not None:
         return special  # type: ignore[no-any-return]
-    return functools.partial(policy.call_async if is_async else policy.call, fn)
+    if is_async:
+        return functools.partial(policy.call_async, fn)
+    return _Layer(policy.call, fn)
+
+
+class _Layer(functools.partial[Any]):
+    """A pipeline layer: a policy's sync ``call`` bound to what it runs (a sync
+    callable, checked when the chain was built), which ``refuse_async`` need not
+    inspect on every call."""
+
+    __slots__ = ()
 
 
 def _layers(
