@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -24,10 +23,12 @@ ExceptionFilter = (
 )
 
 
-#: Exceptions that pass through every policy, and whose subclasses are never
-#: :class:`Exception` instances in practice (unlike ``BaseExceptionGroup``, whose
-#: ``ExceptionGroup`` is one).
-_PASS_THROUGH = (KeyboardInterrupt, SystemExit, GeneratorExit, asyncio.CancelledError)
+def _passes_through(kind: type[BaseException]) -> bool:
+    """Whether no exception a policy handles (an :class:`Exception`) is a ``kind``:
+    ``KeyboardInterrupt``, cancellation (asyncio's, trio's), a flow-control
+    ``BaseException`` of the user's. ``BaseException`` and ``BaseExceptionGroup`` catch
+    some (an ``ExceptionGroup`` is an ``Exception``)."""
+    return not issubclass(kind, Exception) and not issubclass(ExceptionGroup, kind)
 
 
 def _never_seen(name: str, kind: type[BaseException]) -> ConfigurationError:
@@ -43,12 +44,12 @@ def exception_filter(
     """Split ``on`` into ``(types, predicate)``: exactly one of them is not ``None``.
 
     ``exceptions_only``: the policy handles :class:`Exception` instances only, so the
-    types that always pass through (``KeyboardInterrupt``, ``SystemExit``,
-    cancellation) are refused as a mistake.
+    types no such instance can be (``KeyboardInterrupt``, ``SystemExit``, cancellation,
+    other ``BaseException`` subclasses) are refused as a mistake.
     """
     if isinstance(on, type):
         if issubclass(on, BaseException):
-            if exceptions_only and issubclass(on, _PASS_THROUGH):
+            if exceptions_only and _passes_through(on):
                 raise _never_seen(name, on)
             return (on,), None
         raise ConfigurationError(
@@ -63,7 +64,7 @@ def exception_filter(
                 raise ConfigurationError(
                     f"{name} must be exception types or a predicate, got {item!r} in {on!r}"
                 )
-            if exceptions_only and issubclass(item, _PASS_THROUGH):
+            if exceptions_only and _passes_through(item):
                 raise _never_seen(name, item)
         return tuple(on), None
     if callable(on):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sized
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .errors import ConfigurationError
@@ -124,12 +124,12 @@ def check_backoff(value: Any) -> Any:
             "backoff must be re-iterable (a list, a tuple or a resilience.backoff "
             f"schedule), not a one-shot iterator or generator: got {value!r}"
         )
+    if isinstance(value, Sized) and len(value) == 0:
+        raise ConfigurationError(
+            "backoff is empty: no retry could ever happen (a finite schedule caps "
+            "the attempts; for no retries at all use attempts=1)"
+        )
     if isinstance(value, list | tuple):  # known up front: check every delay now
-        if not value:
-            raise ConfigurationError(
-                "backoff is empty: no retry could ever happen (a finite schedule caps "
-                "the attempts; for no retries at all use attempts=1)"
-            )
         for delay in value:
             check_number("backoff delay", delay, minimum=0.0)
     return value

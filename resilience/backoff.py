@@ -58,8 +58,9 @@ def _rng(seed: Seed) -> random.Random:
 class Backoff(Iterable[float]):
     """Base of the schedules: an iterable of delays, each call to ``iter`` starting over.
 
-    Subclass it and implement ``__iter__`` for a custom schedule, or pass any iterable
-    of floats (a list works) as ``Retry(backoff=...)``.
+    Subclass it and implement ``__iter__`` for a custom schedule, or pass a list or a
+    tuple of floats (any iterable each call can iterate afresh; not a generator) as
+    ``Retry(backoff=...)``.
 
     Example::
 

@@ -398,6 +398,10 @@ def test_events_report_each_retry(fake_clock: FakeClock) -> None:
     )
 
 
+class FlowControl(BaseException):
+    """A user's BaseException (one that skips ``except Exception`` on purpose)."""
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
@@ -421,9 +425,11 @@ def test_events_report_each_retry(fake_clock: FakeClock) -> None:
         # An empty schedule allows no retry; attempts=1 says that plainly.
         ({"on": OSError, "backoff": []}, "backoff is empty"),
         ({"on": OSError, "backoff": ()}, "backoff is empty"),
+        ({"on": OSError, "backoff": range(0)}, "backoff is empty"),
         # Never retried whatever on= says: naming them is a mistake to point out.
         ({"on": KeyboardInterrupt}, "KeyboardInterrupt is not an Exception"),
         ({"on": (OSError, SystemExit)}, "SystemExit is not an Exception"),
+        ({"on": FlowControl}, "FlowControl is not an Exception"),
     ],
 )
 def test_bad_arguments(kwargs: dict[str, Any], message: str) -> None:
