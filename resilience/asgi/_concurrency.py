@@ -29,7 +29,7 @@ from ._headers import retry_after_value
 from ._keys import KeyFunction, _as_key, cached_digest, scope_app_of
 from ._problem import REDUCED_CAPACITY, Problem
 from ._rules import UNSET, Matcher, Rule, path_predicate, route_path
-from ._types import ASGIApp, Receive, Scope, Send
+from ._types import ASGIApp, Message, Receive, Scope, Send
 
 __all__ = ["ConcurrencyLimitMiddleware", "header_priority"]
 
@@ -388,6 +388,24 @@ class ConcurrencyLimitMiddleware(Observed):
             return
         admitted = self._clock.monotonic()
         outcome = "completed"
+        # Observed HTTP requests are watched for a client that leaves before the response
+        # is complete: frameworks end such a response quietly (Starlette's stream stops
+        # and returns), which is no completed request.
+        answered = gone = False
+
+        async def receive_watched() -> Message:
+            nonlocal gone
+            message = await receive()
+            if message["type"] == "http.disconnect" and not answered:
+                gone = True
+            return message
+
+        async def send_watched(message: Message) -> None:
+            nonlocal answered
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                answered = True
+            await send(message)
+
         try:
             # Inside: a listener that raises (even a BaseException) must not keep the slot.
             self._emit(
@@ -395,7 +413,12 @@ class ConcurrencyLimitMiddleware(Observed):
                     policy=plan.policy, key=key, waited=admitted - started, priority=priority
                 )
             )
-            await self.app(scope, receive, send)
+            if kind == "http":
+                await self.app(scope, receive_watched, send_watched)
+                if gone:
+                    outcome = "cancelled"
+            else:
+                await self.app(scope, receive, send)
         except BaseException as exc:
             outcome = "cancelled" if isinstance(exc, anyio.get_cancelled_exc_class()) else "error"
             raise

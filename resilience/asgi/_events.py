@@ -49,7 +49,8 @@ class RequestCompleted(Event):
     """A request that held a concurrency slot finished, after ``duration`` seconds.
 
     ``outcome`` is ``"completed"``, ``"error"`` (the app raised) or ``"cancelled"``
-    (a timeout or a disconnect). Feeds the call-duration histogram.
+    (a timeout, or the client left before the response was complete, even when the
+    app then returned normally). Feeds the call-duration histogram.
 
     Example: ``middleware.add_listener(lambda e: print(e.duration, e.outcome))``
     """

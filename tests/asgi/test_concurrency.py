@@ -369,6 +369,42 @@ async def test_events_report_queue_wait_and_request_duration() -> None:
     assert [(e.duration, e.outcome) for e in completed] == [(0.25, "completed"), (0.25, "error")]
 
 
+async def test_a_client_that_leaves_mid_response_is_a_cancelled_request() -> None:
+    """Starlette ends a stream quietly when its client disconnects (it stops and
+    returns): the request was reported ``completed``. A disconnect seen before the
+    response is complete makes it ``cancelled``; one after it changes nothing."""
+    events: list[Any] = []
+
+    async def streams_until_disconnect(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"1", "more_body": True})
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        # returns without ending the response, as Starlette's StreamingResponse does
+
+    async def answers_then_listens(scope: Any, receive: Any, send: Any) -> None:
+        await ok_app(scope, receive, send)
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    for app in (streams_until_disconnect, answers_then_listens):
+        middleware = ConcurrencyLimitMiddleware(app, bulkhead=Bulkhead(1))
+        middleware.add_listener(events.append)
+        messages = iter(
+            [{"type": "http.request", "body": b"", "more_body": False}, {"type": "http.disconnect"}]
+        )
+
+        async def receive() -> Any:
+            return next(messages)
+
+        async def send(message: Any) -> None:
+            pass
+
+        await middleware(http_scope(), receive, send)
+    completed = [e.outcome for e in events if isinstance(e, RequestCompleted)]
+    assert completed == ["cancelled", "completed"]
+
+
 async def test_each_request_is_one_admission_in_the_metrics() -> None:
     """The middleware reports each admitted request once (RequestAdmitted, with its
     queueing time); the bulkhead's own CallAdmitted is not added on top."""
