@@ -528,8 +528,8 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observab
         return breaker is None or breaker.state_of(host.breaker_key) in _HEDGEABLE
 
     def _unschedule(self, run: _Run) -> None:
-        """A retry was cancelled before it was sent (while the answer in hand was read,
-        or in its backoff): neither counted nor paid for from the budget."""
+        """A retry was not sent (cancelled while the answer in hand was read or in its
+        backoff, or refused by the host's policies): neither counted nor paid for."""
         self._retries -= 1
         if run.ticket is not None:
             self.budget._refund(run.ticket)
@@ -574,11 +574,14 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observab
     # -- the sync shell -----------------------------------------------------------------
 
     def _sync(self) -> httpx.BaseTransport:
-        if self._sync_inner is None:
-            if self._inner is not None:
-                raise TypeError(f"{self._inner!r} is async-only: use it with httpx.AsyncClient")
-            self._sync_inner = httpx.HTTPTransport()
-        return self._sync_inner
+        # Under the lock: threads sharing a client make their first requests together,
+        # and each inner transport built and dropped would keep its pool's sockets open.
+        with self._lock:
+            if self._sync_inner is None:
+                if self._inner is not None:
+                    raise TypeError(f"{self._inner!r} is async-only: use it with httpx.AsyncClient")
+                self._sync_inner = httpx.HTTPTransport()
+            return self._sync_inner
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         """Send ``request`` through the inner transport, with this transport's policies.
@@ -648,6 +651,10 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observab
         previous: Exception | None,
     ) -> httpx.Response | None:
         """The answer a retry round settles the run with, or ``None`` to go on."""
+        if isinstance(exc, Rejected):
+            # Refused before anything was sent (a limiter, a bulkhead or the breaker):
+            # no retry started, so neither counted nor paid for.
+            self._unschedule(run)
         if isinstance(exc, Rejected) and (kept is not None or previous is not None):
             # The retry was refused before anything was sent (a limiter, a bulkhead or
             # the breaker): the caller gets the answer in hand, not a Rejected for a
@@ -815,11 +822,12 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observab
     # -- the async shell ----------------------------------------------------------------
 
     def _async(self) -> httpx.AsyncBaseTransport:
-        if self._async_inner is None:
-            if self._inner is not None:
-                raise TypeError(f"{self._inner!r} is sync-only: use it with httpx.Client")
-            self._async_inner = httpx.AsyncHTTPTransport()
-        return self._async_inner
+        with self._lock:  # event loops in several threads may share the transport too
+            if self._async_inner is None:
+                if self._inner is not None:
+                    raise TypeError(f"{self._inner!r} is sync-only: use it with httpx.Client")
+                self._async_inner = httpx.AsyncHTTPTransport()
+            return self._async_inner
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         """Send ``request`` through the inner transport, with this transport's policies.

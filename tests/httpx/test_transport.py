@@ -684,6 +684,43 @@ def test_bad_arguments_fail_at_construction(kwargs: dict[str, Any], fragment: st
         ResilientTransport(httpx.MockTransport(lambda r: httpx.Response(200)), **kwargs)
 
 
+def test_threads_sharing_a_client_get_one_default_inner_transport(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The default inner transport is made on the first request: threads that made
+    theirs together each built one, and all but the last kept their pools (and sockets)
+    open past ``client.close()``."""
+    import threading
+    import time
+
+    built: list[httpx.MockTransport] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200)
+
+    def fake_http_transport(*args: Any, **kwargs: Any) -> httpx.MockTransport:
+        time.sleep(0.01)  # building a pool takes a while: the window the threads met in
+        built.append(httpx.MockTransport(answer))
+        return built[-1]
+
+    monkeypatch.setattr(httpx, "HTTPTransport", fake_http_transport)
+    start = threading.Barrier(8)
+    statuses: list[int] = []
+    with httpx.Client(transport=ResilientTransport()) as client:
+
+        def first_request() -> None:
+            start.wait()
+            statuses.append(client.get(A).status_code)
+
+        threads = [threading.Thread(target=first_request) for _ in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(10)
+    assert statuses == [200] * 8
+    assert len(built) == 1
+
+
 def test_inner_must_be_a_transport() -> None:
     """A non-transport inner is refused at construction."""
     with pytest.raises(ConfigurationError, match="inner"):
@@ -899,6 +936,10 @@ def test_a_retry_refused_before_sending_returns_the_answer_in_hand(
     exhausted = [e for e in events if isinstance(e, rs.RetriesExhausted)]
     assert [e.reason for e in exhausted] == ["rejected"]
     assert t.statistics().exhausted == 1
+    # The refused retry was never sent: not counted (the server saw one request) and
+    # not paid for (its budget unit was spent for other hosts too).
+    assert t.statistics().retries == 0
+    assert t.budget.statistics().retries == 0
 
 
 def test_a_retry_the_breaker_refuses_returns_the_answer_that_opened_it(
