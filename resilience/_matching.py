@@ -26,9 +26,22 @@ ExceptionFilter = (
 def _passes_through(kind: type[BaseException]) -> bool:
     """Whether no exception a policy handles (an :class:`Exception`) is a ``kind``:
     ``KeyboardInterrupt``, cancellation (asyncio's, trio's), a flow-control
-    ``BaseException`` of the user's. ``BaseException`` and ``BaseExceptionGroup`` catch
-    some (an ``ExceptionGroup`` is an ``Exception``)."""
-    return not issubclass(kind, Exception) and not issubclass(ExceptionGroup, kind)
+    ``BaseException`` of the user's. ``BaseException``, ``BaseExceptionGroup`` (an
+    ``ExceptionGroup`` is an ``Exception``) and a base with ``Exception`` subclasses
+    catch some."""
+    if issubclass(kind, Exception) or issubclass(ExceptionGroup, kind):
+        return False
+    # A mixin base (class Transient(AppSignal, Exception)): its Exception subclasses
+    # reach the policy. Those defined so far are looked for.
+    todo, seen = [kind], {kind}
+    while todo:
+        for sub in todo.pop().__subclasses__():
+            if issubclass(sub, Exception):
+                return False
+            if sub not in seen:
+                seen.add(sub)
+                todo.append(sub)
+    return True
 
 
 def _never_seen(name: str, kind: type[BaseException]) -> ConfigurationError:

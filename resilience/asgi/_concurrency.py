@@ -402,7 +402,10 @@ class ConcurrencyLimitMiddleware(Observed):
 
         async def send_watched(message: Message) -> None:
             nonlocal answered
-            if message["type"] == "http.response.body" and not message.get("more_body", False):
+            kind = message["type"]
+            if kind == "http.response.pathsend" or (
+                kind in _BODIES and not message.get("more_body", False)
+            ):
                 answered = True
             await send(message)
 
@@ -492,6 +495,11 @@ class ConcurrencyLimitMiddleware(Observed):
         if plan.rejected is not None:
             raise plan.rejected(key)
         raise BulkheadFull("displaced from the full queue by a more urgent request")
+
+
+#: The messages that carry a response body; the last one has no ``more_body``
+#: (``http.response.pathsend`` always ends the response).
+_BODIES = frozenset({"http.response.body", "http.response.zerocopysend"})
 
 
 async def _release_async(permit: Any) -> None:

@@ -387,7 +387,13 @@ async def test_a_client_that_leaves_mid_response_is_a_cancelled_request() -> Non
         while (await receive())["type"] != "http.disconnect":
             pass
 
-    for app in (streams_until_disconnect, answers_then_listens):
+    async def sends_a_file_then_listens(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.pathsend", "path": "/etc/hostname"})
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    for app in (streams_until_disconnect, answers_then_listens, sends_a_file_then_listens):
         middleware = ConcurrencyLimitMiddleware(app, bulkhead=Bulkhead(1))
         middleware.add_listener(events.append)
         messages = iter(
@@ -402,7 +408,7 @@ async def test_a_client_that_leaves_mid_response_is_a_cancelled_request() -> Non
 
         await middleware(http_scope(), receive, send)
     completed = [e.outcome for e in events if isinstance(e, RequestCompleted)]
-    assert completed == ["cancelled", "completed"]
+    assert completed == ["cancelled", "completed", "completed"]
 
 
 async def test_each_request_is_one_admission_in_the_metrics() -> None:

@@ -438,6 +438,27 @@ def test_bad_arguments(kwargs: dict[str, Any], message: str) -> None:
         rs.Retry(**kwargs)
 
 
+def test_on_a_base_class_with_exception_subclasses_is_valid() -> None:
+    """A ``BaseException`` mixin base whose subclasses include ``Exception``s (the
+    ``BaseExceptionGroup`` pattern) reaches the policy through them."""
+
+    class AppSignal(BaseException):
+        pass
+
+    class Transient(AppSignal, Exception):
+        pass
+
+    failures = [Transient()]
+
+    def flaky() -> str:
+        if failures:
+            raise failures.pop()
+        return "ok"
+
+    with no_wait():
+        assert rs.Retry(on=AppSignal)(flaky)() == "ok"
+
+
 def test_on_base_exception_group_retries_exception_groups() -> None:
     """``BaseExceptionGroup`` is no Exception subclass, but its ``ExceptionGroup`` is:
     a task group's failure reaches the policy, so ``on=BaseExceptionGroup`` is valid."""
