@@ -84,6 +84,21 @@ def opened_event(breaker: CircuitBreaker, state: str = "open") -> threading.Even
     return event
 
 
+def trip_while_redis_is_down(breaker: CircuitBreaker, redis_server: RedisServer) -> None:
+    """Kill Redis, trip ``breaker`` (two failures), and wait until its publisher has
+    tried to tell the fleet and failed: the trip waits for Redis."""
+    shared = breaker.shared
+    assert shared is not None
+    redis_server.kill()
+    assert wait_for(lambda: not shared.connected)
+    errors = shared.statistics()["backend_errors"]
+    for _ in range(2):
+        with pytest.raises(Boom):
+            breaker.call(boom)
+    assert breaker.state is CircuitState.OPEN
+    assert wait_for(lambda: shared.statistics()["backend_errors"] > errors)
+
+
 @pytest.fixture
 def fleet(redis_server: RedisServer) -> Iterator[Fleet]:
     group = Fleet(redis_server.url)
@@ -358,17 +373,7 @@ def test_a_trip_made_while_redis_was_down_reaches_the_fleet_once_it_is_back(
     assert a.shared is not None
     assert b.shared is not None
     heard = opened_event(b)
-    redis_server.kill()
-    assert wait_for(lambda: a.shared is not None and not a.shared.connected)
-    errors = a.shared.statistics()["backend_errors"]
-    for _ in range(2):
-        with pytest.raises(Boom):
-            a.call(boom)
-    assert a.state is CircuitState.OPEN
-    # The publisher tried and failed (the trip is not lost yet: it waits for Redis).
-    assert wait_for(
-        lambda: a.shared is not None and a.shared.statistics()["backend_errors"] > errors
-    )
+    trip_while_redis_is_down(a, redis_server)
     assert not heard.is_set()
     redis_server.start()
     assert heard.wait(10)
@@ -447,16 +452,7 @@ def test_a_forked_child_does_not_report_its_parents_unsent_trips(
     """A trip the parent could not publish is the parent's to send: a child sending it
     too (as its own report, under its own identity) counted twice toward a quorum."""
     parent = fleet.add(open_for=30.0)
-    assert parent.shared is not None
-    redis_server.kill()
-    assert wait_for(lambda: parent.shared is not None and not parent.shared.connected)
-    errors = parent.shared.statistics()["backend_errors"]
-    for _ in range(2):
-        with pytest.raises(Boom):
-            parent.call(boom)
-    assert wait_for(
-        lambda: parent.shared is not None and parent.shared.statistics()["backend_errors"] > errors
-    )
+    trip_while_redis_is_down(parent, redis_server)
     child = multiprocessing.get_context("fork").Process(target=_report_unsent, args=(parent,))
     child.start()
     child.join(30)

@@ -17,6 +17,8 @@ import resilience as rs
 from resilience import backoff
 from resilience.testing import FakeClock, no_wait
 
+from .._clocks import StallingClock
+
 
 class Flaky:
     """Fails ``failures`` times with ``error``, then returns ``"ok"``."""
@@ -195,14 +197,7 @@ async def test_a_backoff_cancelled_gives_its_retry_back_to_the_budget() -> None:
     used to drain the budget of those that retry."""
     import anyio
 
-    class Stalling(FakeClock):
-        """Virtual time whose sleeps last until cancelled."""
-
-        async def sleep_async(self, seconds: float) -> None:
-            if seconds > 0:
-                await anyio.sleep_forever()
-
-    clock = Stalling()
+    clock = StallingClock()
     budget = rs.RetryBudget(ratio=0.0, min_per_second=0.25, window=4, clock=clock)  # one
     retry = rs.Retry(on=ConnectionError, budget=budget, backoff=[1.0], clock=clock)
 
@@ -239,14 +234,9 @@ async def test_a_cancelled_retry_gives_back_its_own_retry_not_another() -> None:
     retry, someone else's, and the budget then granted more than its cap)."""
     import anyio
 
-    class Stalling(FakeClock):
-        async def sleep_async(self, seconds: float) -> None:
-            if seconds > 0:
-                await anyio.sleep_forever()
-
     budget_clock = FakeClock()
     budget = rs.RetryBudget(ratio=0.0, min_per_second=0.1, window=10, clock=budget_clock)
-    retry = rs.Retry(on=ConnectionError, budget=budget, backoff=[30.0], clock=Stalling())
+    retry = rs.Retry(on=ConnectionError, budget=budget, backoff=[30.0], clock=StallingClock())
 
     @retry
     async def down() -> None:
@@ -448,28 +438,15 @@ def test_on_a_base_class_with_exception_subclasses_is_valid() -> None:
     class Transient(AppSignal, Exception):
         pass
 
-    failures = [Transient()]
-
-    def flaky() -> str:
-        if failures:
-            raise failures.pop()
-        return "ok"
-
     with no_wait():
-        assert rs.Retry(on=AppSignal)(flaky)() == "ok"
+        assert rs.Retry(on=AppSignal)(Flaky(1, Transient()))() == "ok"
 
 
 def test_on_base_exception_group_retries_exception_groups() -> None:
     """``BaseExceptionGroup`` is no Exception subclass, but its ``ExceptionGroup`` is:
     a task group's failure reaches the policy, so ``on=BaseExceptionGroup`` is valid."""
-    failures = [ExceptionGroup("tasks", [OSError("one")])]
-
-    def flaky() -> str:
-        if failures:
-            raise failures.pop()
-        return "ok"
-
     with no_wait():
+        flaky = Flaky(1, ExceptionGroup("tasks", [OSError("one")]))
         assert rs.Retry(on=BaseExceptionGroup)(flaky)() == "ok"
     assert (
         rs.Fallback("degraded", on=BaseExceptionGroup)(

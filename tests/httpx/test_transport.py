@@ -17,6 +17,7 @@ from resilience.errors import BulkheadFull, CircuitOpen, ConfigurationError, Rat
 from resilience.httpx import HostPaused, HostPolicy, ResilientTransport, host_key
 from resilience.testing import FakeClock
 
+from .._clocks import StallingClock
 from .conftest import Send, Upstream
 
 A = "http://a.test/x"
@@ -370,14 +371,7 @@ async def test_a_retry_cancelled_in_its_backoff_is_not_paid_for() -> None:
     given back to the budget and not counted, so callers that leave mid-backoff do not
     drain the budget of those that retry."""
 
-    class Stalling(FakeClock):
-        """Virtual time whose sleeps last until cancelled."""
-
-        async def sleep_async(self, seconds: float) -> None:
-            if seconds > 0:
-                await anyio.sleep_forever()
-
-    clock = Stalling()
+    clock = StallingClock()
     budget = rs.RetryBudget(ratio=0.0, min_per_second=0.1, window=10.0, clock=clock)
     t = ResilientTransport(
         httpx.MockTransport(lambda request: httpx.Response(503)),
