@@ -402,9 +402,9 @@ class ConcurrencyLimitMiddleware(Observed):
 
         async def send_watched(message: Message) -> None:
             nonlocal answered
-            kind = message["type"]
-            if kind == "http.response.pathsend" or (
-                kind in _BODIES and not message.get("more_body", False)
+            sent = message["type"]
+            if sent == "http.response.pathsend" or (
+                sent in _BODIES and not message.get("more_body", False)
             ):
                 answered = True
             await send(message)

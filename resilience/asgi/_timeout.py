@@ -201,12 +201,15 @@ class TimeoutMiddleware(Observed):
 
 async def _settle(answer: Any) -> None:
     """Wait for the 504 sent at the deadline (even if this request is being cancelled:
-    it must not send after the request has returned); its failure is the client's."""
-    with anyio.CancelScope(shield=True):
+    it must not send after the request has returned), for at most ``_END_GRACE``
+    seconds (then it is cancelled); its failure is the client's."""
+    with anyio.CancelScope(shield=True, deadline=anyio.current_time() + _END_GRACE):
         try:
             await answer
         except Exception:  # best effort: the client went away, or the server refused
             pass
+    if not answer.done():  # a client that reads nothing: the 504 is not sent after us
+        answer.cancel()
 
 
 #: Seconds the clean end of a cut stream may take to send.
