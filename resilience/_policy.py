@@ -19,7 +19,7 @@ import inspect
 import warnings
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
-from types import FunctionType
+from types import FunctionType, MethodType
 from typing import TYPE_CHECKING, Any, ParamSpec, Protocol, TypeVar, cast, runtime_checkable
 
 from . import _deferred
@@ -94,37 +94,28 @@ def refuse_async(policy: object, fn: object) -> None:
     The sync ``call`` of an ``async def`` function only creates the coroutine: the
     policy would admit, time or retry nothing of the work, which runs when the caller
     awaits the coroutine, outside the policy (``await breaker.call(fetch)`` reads
-    right and protects nothing). Checked on code flags (a function, a method, a
-    ``functools.partial`` of one, an object whose ``__call__`` is ``async def``): a few
-    attribute reads, cheaper than :func:`is_async_callable`.
+    right and protects nothing). Functions and bound methods, the common cases, are
+    judged inline on their code flags; anything else by :func:`is_async_callable`.
     """
-    kind = type(fn)
+    target, kind = fn, type(fn)
     if kind is _Layer:  # a pipeline's own layer: sync by construction
         return
-    if kind is FunctionType:  # the common case, inline: one attribute read
-        if not fn.__code__.co_flags & _CO_COROUTINE:  # type: ignore[attr-defined]
+    if kind is MethodType:
+        target = fn.__func__  # type: ignore[attr-defined]
+        kind = type(target)
+    if kind is FunctionType:
+        if not target.__code__.co_flags & _CO_COROUTINE:  # type: ignore[attr-defined]
             return
-    elif not _returns_coroutine(fn):
-        return
+    else:
+        try:
+            if not is_async_callable(target):
+                return
+        except Exception:  # a proxy whose attributes misbehave: not ours to judge
+            return
     raise TypeError(
         f"{fn!r} is an async function: use `await policy.call_async(fn, ...)` "
         f"(or decorate it) to run it under {policy!r}"
     )
-
-
-def _returns_coroutine(fn: object) -> bool:
-    while type(fn) is functools.partial:
-        fn = fn.func
-    try:
-        code = getattr(fn, "__code__", None)
-        if code is None and not isinstance(fn, type):  # a callable object's __call__
-            code = getattr(type(fn).__call__, "__code__", None)
-        flags = getattr(code, "co_flags", None)
-    except Exception:  # a proxy whose attributes misbehave: not ours to judge
-        return False
-    # An int: a proxy answers any attribute with anything (xmlrpc's _Method); an
-    # AsyncMock's stand-in code object has real flags.
-    return type(flags) is int and bool(flags & _CO_COROUTINE)
 
 
 def decorate(policy: Policy | Fallback[Any], fn: Callable[P, T]) -> Callable[P, T]:
@@ -282,16 +273,14 @@ class Pipeline(PolicyBase):
                 flat.extend(policy.policies)
                 continue
             candidate: object = policy  # typed Policy, but checked: untyped callers exist
-            if isinstance(candidate, type):
+            if isinstance(candidate, type) or not isinstance(candidate, Policy):
                 from .errors import ConfigurationError
 
-                raise ConfigurationError(
-                    f"policies must be policy objects, got the class {candidate.__name__}: "
-                    f"call it ({candidate.__name__}(...))"
-                )
-            if not isinstance(candidate, Policy):
-                from .errors import ConfigurationError
-
+                if isinstance(candidate, type):
+                    raise ConfigurationError(
+                        f"policies must be policy objects, got the class "
+                        f"{candidate.__name__}: call it ({candidate.__name__}(...))"
+                    )
                 raise ConfigurationError(
                     f"policies must implement call() and call_async(), got {policy!r}"
                 )
