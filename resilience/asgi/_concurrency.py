@@ -29,7 +29,7 @@ from ._headers import retry_after_value
 from ._keys import KeyFunction, _as_key, cached_digest, scope_app_of
 from ._problem import REDUCED_CAPACITY, Problem
 from ._rules import UNSET, Matcher, Rule, path_predicate, route_path
-from ._types import ASGIApp, Message, Receive, Scope, Send
+from ._types import ASGIApp, Message, Receive, Scope, Send, ends_response
 
 __all__ = ["ConcurrencyLimitMiddleware", "header_priority"]
 
@@ -402,10 +402,7 @@ class ConcurrencyLimitMiddleware(Observed):
 
         async def send_watched(message: Message) -> None:
             nonlocal answered
-            sent = message["type"]
-            if sent == "http.response.pathsend" or (
-                sent in _BODIES and not message.get("more_body", False)
-            ):
+            if ends_response(message):
                 answered = True
             await send(message)
 
@@ -495,11 +492,6 @@ class ConcurrencyLimitMiddleware(Observed):
         if plan.rejected is not None:
             raise plan.rejected(key)
         raise BulkheadFull("displaced from the full queue by a more urgent request")
-
-
-#: The messages that carry a response body; the last one has no ``more_body``
-#: (``http.response.pathsend`` always ends the response).
-_BODIES = frozenset({"http.response.body", "http.response.zerocopysend"})
 
 
 async def _release_async(permit: Any) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterable
 from typing import Any
@@ -17,9 +18,11 @@ from ..errors import ConfigurationError
 from ._base import Observed
 from ._problem import Problem
 from ._rules import UNSET, Matcher, Rule
-from ._types import ASGIApp, Message, Receive, Scope, Send
+from ._types import ASGIApp, Message, Receive, Scope, Send, ends_response
 
 __all__ = ["TimeoutMiddleware"]
+
+logger = logging.getLogger("resilience")
 
 _ALLOWED = ("seconds",)
 
@@ -152,7 +155,7 @@ class TimeoutMiddleware(Observed):
             if kind == "http.response.start":
                 started = True
                 start_headers = message.get("headers", ())
-            elif kind == "http.response.body" and not message.get("more_body", False):
+            elif ends_response(message):
                 ended = True
                 # The response is complete: lift the deadline for what runs after it.
                 if own:
@@ -166,8 +169,22 @@ class TimeoutMiddleware(Observed):
         try:
             with cancel_scope:
                 await self.app(scope, receive, send_wrapper)
+        except Exception:
+            if ended or not cancel_scope.cancel_called:
+                raise
+            # The app failed after its cut (a worker thread that raised late, a cleanup
+            # that failed): its time ran out all the same, so it is answered like any
+            # overrun below. Raising would make the server treat the request as broken
+            # after a complete 504 and close the connection, and with it the next
+            # request already read from that connection.
+            logger.warning(
+                "%s: the application failed after its deadline (%r); answered as timed out",
+                self.name,
+                scope.get("path"),
+                exc_info=True,
+            )
         except BaseException:
-            if answer is not None:  # the app failed after its cut: the 504 still goes out
+            if answer is not None:  # cancelled from outside: the 504 still goes out
                 await _settle(answer)
             raise
         finally:

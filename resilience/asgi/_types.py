@@ -1,11 +1,12 @@
-"""ASGI type aliases, so that the middleware needs no framework installed."""
+"""ASGI type aliases, so that the middleware needs no framework installed, and the one
+fact about messages every middleware here needs: when a response is complete."""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-__all__ = ["ASGIApp", "Message", "Receive", "Scope", "Send"]
+__all__ = ["ASGIApp", "Message", "Receive", "Scope", "Send", "ends_response"]
 
 #: The connection scope an ASGI server passes to the app (``scope["type"]``,
 #: ``scope["path"]``, ...). Example: ``def key(scope: Scope) -> str | None: ...``
@@ -19,3 +20,15 @@ Send = Callable[[Message], Awaitable[None]]
 #: An ASGI 3 application, which every middleware here is and wraps.
 #: Example: ``async def app(scope: Scope, receive: Receive, send: Send) -> None: ...``
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+def ends_response(message: Message) -> bool:
+    """Whether sending ``message`` completes the response: the last body chunk, or a
+    file sent whole (``http.response.pathsend``, or a last ``http.response.zerocopysend``).
+
+    Example: ``ends_response({"type": "http.response.body", "body": b"ok"})`` is ``True``.
+    """
+    kind = message["type"]
+    if kind == "http.response.body" or kind == "http.response.zerocopysend":
+        return not message.get("more_body", False)
+    return bool(kind == "http.response.pathsend")

@@ -99,16 +99,17 @@ async def test_a_sync_endpoint_gets_its_504_at_the_deadline(anyio_backend: str) 
     assert Result(sent).complete
 
 
-async def test_an_app_that_fails_after_its_cut_still_gets_its_504_out_first(
-    anyio_backend: str,
+async def test_an_app_that_fails_after_its_cut_is_answered_504_and_its_error_logged(
+    anyio_backend: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A cut app whose cleanup raises: its error goes on to the server (which logs
-    it), but on asyncio only after the 504 sent at the deadline is complete (that task
-    was left to send after the request had returned)."""
+    """A cut app whose cleanup raises: its time ran out all the same, so the client
+    gets the 504 (sent at the deadline on asyncio, when the app ends on trio) and the
+    error is logged, not raised: a server closes the connection of a request that raises
+    after a complete response, and with it the next request already read from it."""
     clock = FakeClock()
     started = anyio.Event()
     sent: list[dict[str, Any]] = []
-    returned = False
+    events: list[Any] = []
 
     async def failing(scope: Any, receive: Any, send: Any) -> None:
         started.set()
@@ -118,29 +119,61 @@ async def test_an_app_that_fails_after_its_cut_still_gets_its_504_out_first(
             raise RuntimeError("cleanup failed") from None
 
     async def send(message: dict[str, Any]) -> None:
-        assert not returned
         await anyio.sleep(0)
         sent.append(message)
 
     middleware = TimeoutMiddleware(failing, seconds=5, clock=clock)
-
-    async def request() -> None:
-        nonlocal returned
-        with pytest.raises(RuntimeError, match="cleanup failed"):
-            await middleware(http_scope("/"), receive_nothing, send)
-        returned = True
-
+    middleware.add_listener(events.append)
     with anyio.fail_after(5):
         async with anyio.create_task_group() as tg:
-            tg.start_soon(request)
+            tg.start_soon(middleware, http_scope("/"), receive_nothing, send)
             await started.wait()
             clock.advance(5)
-    assert returned
-    if anyio_backend == "asyncio":  # sent at the deadline; on trio the server answers
-        assert [m.get("status") for m in sent if m["type"] == "http.response.start"] == [504]
-        assert Result(sent).complete
-    else:
-        assert sent == []
+    assert [m.get("status") for m in sent if m["type"] == "http.response.start"] == [504]
+    assert Result(sent).complete
+    assert [type(event).__name__ for event in events] == ["TimedOut"]
+    [record] = [r for r in caplog.records if r.name == "resilience"]
+    assert "failed after its deadline" in record.getMessage()
+    assert record.exc_info is not None and "cleanup failed" in str(record.exc_info[1])
+
+
+async def test_an_app_that_fails_before_its_deadline_raises_as_before() -> None:
+    """Only a failure after the cut is answered 504: an app that fails in time raises
+    to the server untouched."""
+
+    async def failing(scope: Any, receive: Any, send: Any) -> None:
+        raise RuntimeError("broken")
+
+    with pytest.raises(RuntimeError, match="broken"):
+        await call(TimeoutMiddleware(failing, seconds=5, clock=FakeClock()), http_scope("/"))
+
+
+async def test_a_file_sent_whole_completes_the_response() -> None:
+    """A response ended by ``http.response.pathsend`` (Starlette's FileResponse on a
+    server with that extension) is complete: the deadline is lifted for the work after
+    it, which is not cut, and nothing is reported as timed out."""
+    clock = FakeClock()
+    seen: list[float | None] = []
+    events: list[Any] = []
+
+    async def file_app(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.pathsend", "path": "/etc/hostname"})
+        clock.advance(10)  # a background task running past the request's 1 s
+        await anyio.lowlevel.checkpoint()
+        seen.append(rs.time_remaining())
+
+    middleware = TimeoutMiddleware(file_app, seconds=1, clock=clock)
+    middleware.add_listener(events.append)
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    await middleware(http_scope("/"), receive_nothing, send)
+    assert [m["type"] for m in sent] == ["http.response.start", "http.response.pathsend"]
+    assert seen == [None]
+    assert events == []
 
 
 async def test_no_timeout_before_the_deadline() -> None:
@@ -490,3 +523,30 @@ def test_uvicorn_504_and_mid_stream_cancellation_leave_no_task(anyio_backend: st
             time.sleep(0.01)
         assert tasks
         assert all(t.done() for t in tasks), "a task of the cancelled app is still running"
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+def test_a_late_failure_after_the_504_spares_the_next_request_on_the_connection(
+    anyio_backend: str,
+) -> None:
+    """Under uvicorn: a sync endpoint answered 504 at its deadline that raises later
+    leaves the keep-alive connection alone; the next request on it gets its answer
+    (it used to be reset: the late error made the server close the connection)."""
+    from starlette.applications import Starlette
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+
+    def boom(request: Any) -> Any:
+        time.sleep(0.5)  # a blocking endpoint, in the thread pool
+        raise RuntimeError("late failure after the deadline")
+
+    async def ok(request: Any) -> Any:
+        await asyncio.sleep(0.1)
+        return PlainTextResponse("ok")
+
+    app = TimeoutMiddleware(Starlette(routes=[Route("/boom", boom), Route("/ok", ok)]), seconds=0.2)
+    with serve(app) as url, httpx.Client(timeout=10) as client:
+        assert client.get(f"{url}/boom").status_code == 504
+        time.sleep(0.2)  # the thread fails while the next request runs
+        response = client.get(f"{url}/ok")
+        assert (response.status_code, response.text) == (200, "ok")
