@@ -636,7 +636,7 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observab
                 self._unschedule(run)
                 raise
             previous = exc
-            response, exc = self._round(request, body, host, inner)
+            response, exc = self._round(request, body, host, inner, run)
             final = self._settled(host, run, response, exc, kept, previous)
             if final is not None:
                 return final
@@ -671,38 +671,58 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observab
         return None
 
     def _round(
-        self, request: httpx.Request, body: Any, host: Host, inner: httpx.BaseTransport
+        self,
+        request: httpx.Request,
+        body: Any,
+        host: Host,
+        inner: httpx.BaseTransport,
+        run: _Run | None = None,
     ) -> Outcome:
         delay = self._hedge_delay(host, request, body) if self._hedging else None
         if delay is not None:
             return self._hedged(request, host, inner, delay)
         try:
-            return self._send(request, host, inner), None
+            return self._send(request, host, inner, run), None
         except Exception as exc:
             return None, exc
 
     def _send(
-        self, request: httpx.Request, host: Host, inner: httpx.BaseTransport
+        self,
+        request: httpx.Request,
+        host: Host,
+        inner: httpx.BaseTransport,
+        run: _Run | None = None,
     ) -> httpx.Response:
-        """One attempt: wait for the host, its limiter and bulkhead; then send."""
-        if host.pace.active:
-            while wait := self._pause_step(host):
-                self._clock.sleep(wait)
-        if host.limiter is not None:
-            host.limiter.acquire(host.key)
+        """One attempt: wait for the host, its limiter and bulkhead; then send.
+
+        ``run``: the retry this attempt is, given back if it is interrupted before it
+        is sent (refusals come back as ``Rejected`` outcomes and are settled there).
+        """
         slot = None
-        if host.bulkhead is not None:
-            slot = host.bulkhead.acquire(host.key, priority=request.extensions.get(PRIORITY))
         ticket = None
         try:
+            if host.pace.active:
+                while wait := self._pause_step(host):
+                    self._clock.sleep(wait)
+            if host.limiter is not None:
+                host.limiter.acquire(host.key)
+            if host.bulkhead is not None:
+                slot = host.bulkhead.acquire(host.key, priority=request.extensions.get(PRIORITY))
             request = self._prepare(request)
             if host.breaker is not None:
                 ticket = host.breaker.acquire_nowait(host.breaker_key)
-        except BaseException:
-            if slot is not None:
-                slot.release()
+        except BaseException as exc:
+            self._not_sent(slot, run, exc)
             raise
         return self._exchange(request, host, inner, slot, ticket)
+
+    def _not_sent(self, slot: Any, run: _Run | None, exc: BaseException) -> None:
+        """An attempt that ends before it is sent: its slot back, and a retry
+        interrupted while it waited (cancelled, not refused) is not made."""
+        if slot is not None:
+            slot.release()
+        if run is not None and not isinstance(exc, Exception):
+            self._unschedule(run)
 
     def _exchange(
         self,
@@ -883,44 +903,52 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observab
                 self._unschedule(run)
                 raise
             previous = exc
-            response, exc = await self._round_async(request, body, host, inner)
+            response, exc = await self._round_async(request, body, host, inner, run)
             final = self._settled(host, run, response, exc, kept, previous)
             if final is not None:
                 return final
 
     async def _round_async(
-        self, request: httpx.Request, body: Any, host: Host, inner: httpx.AsyncBaseTransport
+        self,
+        request: httpx.Request,
+        body: Any,
+        host: Host,
+        inner: httpx.AsyncBaseTransport,
+        run: _Run | None = None,
     ) -> Outcome:
         delay = self._hedge_delay(host, request, body) if self._hedging else None
         if delay is not None:
-            return await self._hedged_async(request, host, inner, delay)
+            return await self._hedged_async(request, host, inner, delay, run)
         try:
-            return await self._send_async(request, host, inner), None
+            return await self._send_async(request, host, inner, run), None
         except Exception as exc:
             return None, exc
 
     async def _send_async(
-        self, request: httpx.Request, host: Host, inner: httpx.AsyncBaseTransport
+        self,
+        request: httpx.Request,
+        host: Host,
+        inner: httpx.AsyncBaseTransport,
+        run: _Run | None = None,
     ) -> httpx.Response:
-        """One attempt: wait for the host, its limiter and bulkhead; then send."""
-        if host.pace.active:
-            while wait := self._pause_step(host):
-                await self._clock.sleep_async(wait)
-        if host.limiter is not None:
-            await host.limiter.acquire_async(host.key)
+        """One attempt: wait for the host, its limiter and bulkhead; then send (see _send)."""
         slot = None
-        if host.bulkhead is not None:
-            slot = await host.bulkhead.acquire_async(
-                host.key, priority=request.extensions.get(PRIORITY)
-            )
         ticket = None
         try:
+            if host.pace.active:
+                while wait := self._pause_step(host):
+                    await self._clock.sleep_async(wait)
+            if host.limiter is not None:
+                await host.limiter.acquire_async(host.key)
+            if host.bulkhead is not None:
+                slot = await host.bulkhead.acquire_async(
+                    host.key, priority=request.extensions.get(PRIORITY)
+                )
             request = self._prepare(request)
             if host.breaker is not None:
                 ticket = await host.breaker.acquire_async(host.breaker_key)
-        except BaseException:
-            if slot is not None:
-                slot.release()
+        except BaseException as exc:
+            self._not_sent(slot, run, exc)
             raise
         return await self._exchange_async(request, host, inner, slot, ticket)
 
@@ -969,9 +997,16 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observab
         return prepared, slot, ticket
 
     async def _hedged_async(
-        self, request: httpx.Request, host: Host, inner: httpx.AsyncBaseTransport, delay: float
+        self,
+        request: httpx.Request,
+        host: Host,
+        inner: httpx.AsyncBaseTransport,
+        delay: float,
+        run: _Run | None = None,
     ) -> Outcome:
-        """A round with a hedge: the first good answer wins, the other is cancelled."""
+        """A round with a hedge: the first good answer wins, the other is cancelled.
+
+        ``run``: the retry the first attempt is (see _send), when the round is one."""
         outcomes: list[tuple[bool, httpx.Response | Exception]] = []
         started = [1]
         first_event = anyio.Event()
@@ -981,7 +1016,7 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observab
             outcome: httpx.Response | Exception
             try:
                 if admitted is None:
-                    outcome = await self._send_async(request, host, inner)
+                    outcome = await self._send_async(request, host, inner, run)
                 else:
                     prepared, slot, ticket = admitted
                     outcome = await self._exchange_async(prepared, host, inner, slot, ticket)

@@ -389,6 +389,43 @@ async def test_a_retry_cancelled_in_its_backoff_is_not_paid_for() -> None:
     assert t.statistics().retries == 0
 
 
+@pytest.mark.anyio
+async def test_a_retry_cancelled_while_it_waits_for_a_slot_is_not_paid_for() -> None:
+    """The same for a retry cancelled while it queues for the host's bulkhead slot
+    (or its limiter, or a pause): it was never sent, so it is given back to the budget
+    and not counted."""
+    flaky_in, hog_queued, release = anyio.Event(), anyio.Event(), anyio.Event()
+    calls: list[str] = []
+
+    async def upstream(request: httpx.Request) -> httpx.Response:
+        calls.append(request.url.path)
+        if request.url.path.endswith("/hog"):  # takes the slot /flaky frees, and keeps it
+            await release.wait()
+            return httpx.Response(200)
+        flaky_in.set()
+        await hog_queued.wait()
+        return httpx.Response(503)
+
+    budget = rs.RetryBudget(ratio=0.0, min_per_second=0.1, window=10.0)
+    t = ResilientTransport(
+        httpx.MockTransport(upstream), bulkhead=1, max_wait=30, backoff=[0.0], budget=budget
+    )
+    async with httpx.AsyncClient(transport=t, base_url=A) as client:
+        with anyio.fail_after(5):
+            async with anyio.create_task_group() as group:
+                group.start_soon(client.get, "/flaky")
+                await flaky_in.wait()
+                group.start_soon(client.get, "/hog")
+                await anyio.wait_all_tasks_blocked()  # /hog queues for the slot
+                hog_queued.set()
+                await anyio.wait_all_tasks_blocked()  # /flaky's retry queues behind it
+                assert calls == ["/x/flaky", "/x/hog"]
+                assert budget.statistics().retries == 1
+                group.cancel_scope.cancel()
+    assert budget.statistics().retries == 0
+    assert t.statistics().retries == 0
+
+
 def test_deadline_clamps_timeouts_and_is_forwarded(send: Send, fake_clock: FakeClock) -> None:
     """Each attempt's timeouts are cut to the time left; the header carries it."""
     upstream = Upstream(fake_clock, lambda request, n: (503, {}) if n == 0 else (200, {}))
