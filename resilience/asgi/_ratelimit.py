@@ -52,12 +52,15 @@ class _Plan:
         "cost_fn",
         "count",
         "decide",
+        "full_fields",
+        "full_fill",
         "headers",
         "key",
         "limiter",
         "name",
         "policy",
         "problem",
+        "rehash",
         "take_one",
     )
 
@@ -68,6 +71,7 @@ class _Plan:
         cost: int | Callable[[Scope], int],
         name: str,
         headers: str | None,
+        hash_keys: bool,
     ) -> None:
         if not callable(getattr(limiter, "try_acquire_async", None)):
             raise ConfigurationError(
@@ -92,7 +96,13 @@ class _Plan:
         self.decide: Callable[[str, int], Any] | None = None
         if local and own_async:
             self.decide = limiter._decide if own_sync else limiter.try_acquire
-        self.key = _as_key(key).func
+        # With hashing on, ``key`` returns the digest itself where the key function knows
+        # a shorter way to it (the default client_ip(): one lookup by peer address);
+        # ``rehash`` says whether what ``key`` returns still has to be hashed.
+        as_key = _as_key(key)
+        fused = as_key._digest if hash_keys else None
+        self.key: KeyFunction = as_key.func if fused is None else fused
+        self.rehash = hash_keys and fused is None
         if callable(cost):
             self.cost_fn: Callable[[Scope], int] | None = cost
             self.cost = 1
@@ -114,10 +124,16 @@ class _Plan:
         self.take_one: Callable[[str], Any] | None = None
         self.count: Callable[[Any, str], Any] = _no_count
         self.admitted_fields: Callable[[int], Sequence[tuple[bytes, bytes]]] = _no_fields
+        # The fill after one token from a full bucket (most requests) and its fields,
+        # rendered once; -1: no take_one, never a fill.
+        self.full_fill = -1
+        self.full_fields: Sequence[tuple[bytes, bytes]] = ()
         if exact and type(buckets) is MemoryBuckets and self.cost_fn is None and self.cost == 1:
             self.take_one = buckets.take_one
             self.count = limiter._count
             self.admitted_fields = self.headers.for_fill(buckets.gcra)
+            self.full_fill = buckets.gcra.emission
+            self.full_fields = self.admitted_fields(self.full_fill)
         self.problem = Problem(
             429,
             QUOTA_EXCEEDED,
@@ -223,7 +239,12 @@ class RateLimitMiddleware(Observed):
             None
             if limiter is None
             else _Plan(
-                limiter, default_key, cost, _policy_name(limiter, policy_name, "default"), headers
+                limiter,
+                default_key,
+                cost,
+                _policy_name(limiter, policy_name, "default"),
+                headers,
+                self._hash,
             )
         )
         plans: list[_Plan | None] = []
@@ -250,6 +271,7 @@ class RateLimitMiddleware(Observed):
                     cost if rule.cost is UNSET else rule.cost,
                     rule_name,
                     headers,
+                    self._hash,
                 )
             )
         self._plans = plans
@@ -319,7 +341,7 @@ class RateLimitMiddleware(Observed):
         if key is None:
             await self.app(scope, receive, send)
             return
-        if self._hash:
+        if plan.rehash:
             key = _DIGESTS.get(key) or cached_digest(key)
         take_one = plan.take_one
         if take_one is not None:
@@ -333,7 +355,7 @@ class RateLimitMiddleware(Observed):
                 await self.app(scope, receive, send)
                 return
             # The fields of Decision.remaining and .reset_after, from the ticks until full.
-            extra = plan.admitted_fields(fill)
+            extra = plan.full_fields if fill == plan.full_fill else plan.admitted_fields(fill)
         else:
             cost = plan.cost if plan.cost_fn is None else plan.cost_fn(scope)
             try:

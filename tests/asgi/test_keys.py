@@ -304,6 +304,30 @@ def test_digest_is_stable_and_opaque() -> None:
     assert "203" not in digest("ip:203.0.113.7")
 
 
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    "client", [("203.0.113.7", 5000), ("2001:db8::1", 443), None, ("", 0), ("unknown", 0)]
+)
+async def test_the_default_key_reaches_the_limiter_as_the_digest_of_the_peer(
+    client: tuple[str, int] | None,
+) -> None:
+    """The middleware's default key takes a shortcut to its digest (one lookup by
+    peer address); what reaches the limiter is still ``digest(client_ip()(scope))``,
+    the key users pass to ``reset()``, for every peer, twice (memoised the second time)."""
+    from resilience.asgi import RateLimitMiddleware
+
+    from ._support import call, ok_app
+
+    scope = http_scope()
+    scope["client"] = client
+    limiter = rs.RateLimiter("2/minute")
+    middleware = RateLimitMiddleware(ok_app, limiter=limiter)
+    expected = digest(client_ip()(scope) or "")
+    for remaining in (1, 0):
+        assert (await call(middleware, dict(scope))).status == 200
+        assert limiter.try_acquire(key=expected, cost=0).remaining == remaining
+
+
 @pytest.mark.parametrize(
     "build",
     [

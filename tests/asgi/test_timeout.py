@@ -134,7 +134,8 @@ async def test_an_app_that_fails_after_its_cut_is_answered_504_and_its_error_log
     assert [type(event).__name__ for event in events] == ["TimedOut"]
     [record] = [r for r in caplog.records if r.name == "resilience"]
     assert "failed after its deadline" in record.getMessage()
-    assert record.exc_info is not None and "cleanup failed" in str(record.exc_info[1])
+    assert record.exc_info is not None
+    assert "cleanup failed" in str(record.exc_info[1])
 
 
 async def test_an_app_that_fails_before_its_deadline_raises_as_before() -> None:
