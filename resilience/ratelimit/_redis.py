@@ -192,6 +192,8 @@ class RedisBuckets:
             if remaining < 0:
                 remaining = 0
         if wait_us >= 0:
+            if self._denied:
+                self._admitted_after_refusal(key, reset_us, resets)
             return make_decision((True, remaining, 0.0, reset_us / 1e6, self._burst, wait_us / 1e6))
         retry_after = -wait_us / 1e6
         denied = self._denied
@@ -203,6 +205,18 @@ class RedisBuckets:
                 del denied[next(iter(denied))]
         denied[_slot(key)] = self._monotonic() + reset_us / 1e6
         return make_decision((False, remaining, retry_after, reset_us / 1e6, self._burst, 0.0))
+
+    def _admitted_after_refusal(self, key: Hashable, reset_us: int, resets: int) -> None:
+        """A key with a cached refusal was admitted (a cheaper request, a reservation):
+        its bucket now refills later, and the cached time moves with it, or the next
+        cached refusal would tell its client to come back too early."""
+        slot = _slot(key)
+        denied = self._denied
+        if slot in denied:
+            if resets != self._resets:  # a reset ran meanwhile: the reply may be stale
+                denied.pop(slot, None)
+            else:
+                denied[slot] = self._monotonic() + reset_us / 1e6
 
     def take(self, key: Hashable, cost: int, max_wait_us: int) -> Decision:
         """One decision on Redis (or from the denial cache); raises ``BackendError``."""

@@ -219,8 +219,14 @@ class WindowBuckets:
         return strategy
 
     def _decision(self, allowed: bool, stats: Any, cost: int) -> Decision:
-        reset_after = max(0.0, float(stats.reset_time) - time.time())
         remaining = int(stats.remaining)
+        # Nothing counted: full now. (limits dates an empty moving window a whole period
+        # ahead, and a sliding window whose hits have all expired by its last hit.)
+        reset_after = (
+            0.0
+            if remaining >= self._item.amount
+            else max(0.0, float(stats.reset_time) - time.time())
+        )
         retry_after = (
             0.0 if allowed else max(min(reset_after + self._expiry_slack, self._period), 1e-6)
         )

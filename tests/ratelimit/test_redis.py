@@ -200,6 +200,27 @@ def test_denial_cache_answers_each_cost_with_its_own_wait(redis_server: RedisSer
     assert [d.retry_after for d in redis_decisions[:3]] == pytest.approx([20, 40, 60], abs=0.5)
 
 
+def test_denial_cache_follows_the_admissions_after_a_refusal(redis_server: RedisServer) -> None:
+    """A cheaper request admitted after a cached refusal moves the bucket's refill time:
+    the next cached refusal tells the time Redis would (it used to keep the older time,
+    so a client that waited its Retry-After was refused again)."""
+    redis_limiter = rs.RateLimiter(
+        "10/min", burst=5, backend=RedisBackend.from_url(redis_server.url, timeout=1.0)
+    )
+    memory_limiter = rs.RateLimiter("10/min", burst=5)
+    costs = [3, 3, 1, 3]  # admitted, refused (cached), admitted, refused from the cache
+    redis_decisions = [redis_limiter.try_acquire("u", cost=c) for c in costs]
+    memory_decisions = [memory_limiter.try_acquire("u", cost=c) for c in costs]
+    assert [d.allowed for d in redis_decisions] == [True, False, True, False]
+    assert redis_limiter.statistics().denial_cache_hits == 1
+    for on_redis, in_memory in zip(redis_decisions, memory_decisions, strict=True):
+        assert on_redis.allowed == in_memory.allowed
+        assert on_redis.remaining == in_memory.remaining
+        assert on_redis.retry_after == pytest.approx(in_memory.retry_after, abs=0.5)
+        assert on_redis.reset_after == pytest.approx(in_memory.reset_after, abs=0.5)
+    assert redis_decisions[-1].retry_after == pytest.approx(12, abs=0.5)  # not 6
+
+
 def test_denial_cache_expires_in_real_time_like_redis(redis_server: RedisServer) -> None:
     """A refusal really waited out is not refused again from the cache, even when the
     limiter runs on a FakeClock (Redis' TIME is real, whatever the limiter's clock)."""

@@ -32,6 +32,20 @@ def test_window_peek_and_cost() -> None:
         limiter.try_acquire(cost=3)
 
 
+@pytest.mark.parametrize(
+    "algorithm", ["token-bucket", "fixed-window", "moving-window", "sliding-window"]
+)
+def test_an_unused_window_is_full_now(algorithm: str) -> None:
+    """A key with nothing counted is full: ``reset_after`` 0 for every algorithm (the
+    moving window said a whole period, so a peek's ``RateLimit`` field said ``t=60``)."""
+    limiter = rs.RateLimiter("5/min", algorithm=algorithm)
+    peek = limiter.try_acquire("fresh", cost=0)
+    assert (peek.allowed, peek.remaining, peek.reset_after) == (True, 5, 0.0)
+    taken = limiter.try_acquire("used", cost=1)
+    assert taken.remaining == 4
+    assert 0 < taken.reset_after <= 60
+
+
 def test_window_configuration_errors() -> None:
     """Windows need whole-second periods and take no separate burst."""
     with pytest.raises(rs.ConfigurationError, match="whole number of seconds"):
