@@ -190,6 +190,17 @@ class Retry(PolicyBase):
         if self.budget is not None and run.ticket is not None:
             self.budget._refund(run.ticket)
 
+    def _late(self, run: _Run, exc: BaseException | None) -> bool:
+        """Whether the backoff just slept ended at or past the deadline (a real sleep
+        overshoots; a delay just under the time left lands past it): then the retry is
+        not made (not counted, its budget given back) and the run gives up."""
+        remaining = _deadline.time_remaining()
+        if remaining is None or remaining - run.skipped > 0:
+            return False
+        self._refund(run)
+        self._give_up(run.attempt - 1, "deadline", exc)
+        return True
+
     def _give_up(self, attempts: int, reason: str, exc: BaseException | None) -> float | None:
         self._exhausted += 1
         if self._observed:
@@ -260,6 +271,13 @@ class Retry(PolicyBase):
             except BaseException:
                 self._refund(run)
                 raise
+            if self._late(run, exc):
+                if exc is None:
+                    return result  # type: ignore[no-any-return]
+                try:
+                    raise exc
+                finally:
+                    exc = None
             self._retries += 1  # counted once started: a cancelled backoff is no retry
             try:
                 result = fn(*args, **kwargs)
@@ -326,6 +344,13 @@ class Retry(PolicyBase):
             except BaseException:
                 self._refund(run)
                 raise
+            if self._late(run, exc):
+                if exc is None:
+                    return result  # type: ignore[no-any-return]
+                try:
+                    raise exc
+                finally:
+                    exc = None
             self._retries += 1  # counted once started (see _resume)
             try:
                 result = await fn(*args, **kwargs)

@@ -17,7 +17,7 @@ import resilience as rs
 from resilience import backoff
 from resilience.testing import FakeClock, no_wait
 
-from .._clocks import StallingClock
+from .._clocks import OvershootingClock, StallingClock
 
 
 class Flaky:
@@ -103,6 +103,54 @@ def test_retry_after_beyond_deadline_gives_up_at_once(fake_clock: FakeClock) -> 
         retry(flaky)()
     assert fake_clock.sleeps == []
     assert flaky.calls == 1
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("result_based", [False, True])
+async def test_a_backoff_that_ends_past_the_deadline_starts_no_attempt(result_based: bool) -> None:
+    """A delay just under the time left, slept a little late (as real sleeps are),
+    ends past the deadline: the retry is not made (not counted, its budget given back)
+    and the caller gets the last failure, not an attempt that has no time to run (an
+    inner rs.Timeout refused it at once: the caller saw a Timeout instead)."""
+    for shell in ("sync", "async"):
+        clock = OvershootingClock(0.001)
+        budget = rs.RetryBudget(ratio=0.0, min_per_second=1.0, window=10.0, clock=clock)
+        events: list[Any] = []
+        retry = rs.Retry(
+            on=ConnectionError,
+            on_result=(lambda value: value == "bad") if result_based else None,
+            attempts=3,
+            deadline=1.0,
+            backoff=[0.999],
+            budget=budget,
+            clock=clock,
+        )
+        retry.add_listener(events.append)
+        calls: list[float | None] = []
+
+        def attempt() -> str:
+            calls.append(rs.time_remaining())
+            if result_based:
+                return "bad"
+            raise ConnectionError("down")
+
+        async def attempt_async() -> str:
+            return attempt()
+
+        with contextlib.ExitStack() as stack:
+            if not result_based:
+                stack.enter_context(pytest.raises(ConnectionError, match="down"))
+            if shell == "sync":
+                outcome = retry.call(attempt)
+            else:
+                outcome = await retry.call_async(attempt_async)
+        if result_based:
+            assert outcome == "bad"
+        assert calls == [1.0], shell
+        assert retry.statistics().retries == 0
+        assert budget.statistics().retries == 0
+        [given_up] = [e for e in events if isinstance(e, rs.RetriesExhausted)]
+        assert (given_up.reason, given_up.attempts) == ("deadline", 1)
 
 
 @settings(max_examples=150, deadline=None)
