@@ -5,7 +5,8 @@ key. Keys can be chosen by an attacker, so the map is bounded twice: at most
 ``max_keys`` entries (least recently used dropped first) and entries idle longer than
 ``idle_ttl`` seconds dropped lazily. Callers pick ``factory`` so that a dropped entry
 is re-created in a state that never over-admits (a full bucket, a closed breaker with
-a fresh window).
+a fresh window). Entries a ``held`` predicate names (a breaker a person forced open)
+are neither: they stay, however idle, and a full map drops others instead.
 """
 
 from __future__ import annotations
@@ -38,7 +39,16 @@ class BoundedMap(Generic[K, V]):
         bucket = buckets.get("203.0.113.7")
     """
 
-    __slots__ = ("_clock", "_data", "_factory", "_lock", "evictions", "idle_ttl", "max_keys")
+    __slots__ = (
+        "_clock",
+        "_data",
+        "_factory",
+        "_held",
+        "_lock",
+        "evictions",
+        "idle_ttl",
+        "max_keys",
+    )
 
     def __init__(
         self,
@@ -47,12 +57,16 @@ class BoundedMap(Generic[K, V]):
         max_keys: int = 10_000,
         idle_ttl: float | None = 600.0,
         clock: Clock,
+        held: Callable[[V, float], bool] | None = None,
     ) -> None:
         self.max_keys: int = check_int("max_keys", max_keys, minimum=1)
         self.idle_ttl: float | None = check_number(
             "idle_ttl", idle_ttl, minimum=0.0, strict=True, allow_none=True
         )
         self._factory = factory
+        #: ``held(entry, now)``: the entry must not be dropped now (rare; checked only
+        #: for entries about to be dropped).
+        self._held = held
         self._clock = clock
         self._data: OrderedDict[K, tuple[V, float]] = OrderedDict()
         self._lock = threading.Lock()
@@ -65,7 +79,7 @@ class BoundedMap(Generic[K, V]):
         data = self._data
         with self._lock:
             item = data.get(key)
-            if item is not None and self._live(item[1], now):
+            if item is not None and self._kept(item, now):
                 data.move_to_end(key)
                 data[key] = (item[0], now)
                 value = item[0]
@@ -75,19 +89,36 @@ class BoundedMap(Generic[K, V]):
                     # the key starts afresh, as if the sweep had reached it first.
                     del data[key]
                     self.evictions += 1
+                if len(data) >= self.max_keys:
+                    self._drop_least_recent(now)
                 value = self._factory(key)
                 data[key] = (value, now)
-                if len(data) > self.max_keys:
-                    data.popitem(last=False)
-                    self.evictions += 1
             self._expire_one(now)
             return value
+
+    def _kept(self, item: tuple[V, float], now: float) -> bool:
+        """Whether an entry is still there for :meth:`get`: in use, or held."""
+        return self._live(item[1], now) or (self._held is not None and self._held(item[0], now))
+
+    def _drop_least_recent(self, now: float) -> None:
+        """Make room: drop the least recently used entry that is not held. Held ones
+        met on the way go to the back, so the next search does not meet them again; if
+        every entry is held, the map grows past ``max_keys`` by those."""
+        data = self._data
+        held = self._held
+        for _ in range(len(data)):
+            oldest_key = next(iter(data))
+            if held is None or not held(data[oldest_key][0], now):
+                del data[oldest_key]
+                self.evictions += 1
+                return
+            data.move_to_end(oldest_key)
 
     def peek(self, key: K) -> V | None:
         """The entry for ``key`` if present and not idle past ``idle_ttl`` (the one
         :meth:`get` would return), without creating it or touching its age."""
         item = self._data.get(key)
-        if item is None or not self._live(item[1], self._clock.monotonic()):
+        if item is None or not self._kept(item, self._clock.monotonic()):
             return None
         return item[0]
 
@@ -102,38 +133,41 @@ class BoundedMap(Generic[K, V]):
             item = self._data.pop(key, None)
         return None if item is None else item[0]
 
-    def _expire_one(self, now: float) -> None:
-        if self.idle_ttl is None or not self._data:
-            return
-        oldest_key = next(iter(self._data))
-        if not self._live(self._data[oldest_key][1], now):
-            del self._data[oldest_key]
+    def _expire_one(self, now: float) -> bool:
+        """Drop the least recently used entry if idle; whether the sweep may go on (an
+        idle entry that is held goes to the back instead, out of the sweep's way)."""
+        data = self._data
+        if self.idle_ttl is None or not data:
+            return False
+        oldest_key = next(iter(data))
+        item = data[oldest_key]
+        if self._live(item[1], now):
+            return False
+        if self._held is not None and self._held(item[0], now):
+            data.move_to_end(oldest_key)
+        else:
+            del data[oldest_key]
             self.evictions += 1
+        return True
 
     def expire(self) -> int:
-        """Drop every idle entry now; returns how many were dropped."""
+        """Drop every idle entry now (held ones stay); returns how many were dropped."""
         if self.idle_ttl is None:
             return 0
         now = self._clock.monotonic()
-        dropped = 0
         with self._lock:
-            while self._data:
-                oldest_key = next(iter(self._data))
-                if now - self._data[oldest_key][1] <= self.idle_ttl:
+            before = self.evictions
+            for _ in range(len(self._data)):
+                if not self._expire_one(now):
                     break
-                del self._data[oldest_key]
-                dropped += 1
-            self.evictions += dropped
-        return dropped
+            return self.evictions - before
 
     def items(self) -> list[tuple[K, V]]:
         """A snapshot of the live ``(key, entry)`` pairs (idle ones left out, as
         :meth:`peek` leaves them), least recently used first."""
         now = self._clock.monotonic()
         with self._lock:
-            return [
-                (key, value) for key, (value, used) in self._data.items() if self._live(used, now)
-            ]
+            return [(key, item[0]) for key, item in self._data.items() if self._kept(item, now)]
 
     def clear(self) -> None:
         """Drop every entry."""

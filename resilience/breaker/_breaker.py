@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 import random
 import time
 from collections.abc import Awaitable, Callable, Hashable
@@ -185,7 +186,8 @@ class CircuitBreaker(PolicyBase):
     again. With ``open_for_max`` each consecutive trip lasts ``open_for × n`` (capped
     at ``open_for_max``); ``open_for_jitter`` (0..1) shortens each cool-down by a
     random share of up to that fraction, so a fleet does not probe in lockstep.
-    ``max_half_open_wait``: go back to OPEN if the probes do not finish in time.
+    ``max_half_open_wait``: go back to OPEN if the probes do not finish in time (counted
+    from the first probe out).
 
     **What counts**: exceptions are failures, except: anything that is not an
     ``Exception`` (cancellation); ``exclude`` (types or a predicate) counts as neither;
@@ -325,7 +327,11 @@ class CircuitBreaker(PolicyBase):
             else:
                 self._keyfn = user_key
             self._cores = BoundedMap(
-                self._new_core, max_keys=max_keys, idle_ttl=idle_ttl, clock=self._clock
+                self._new_core,
+                max_keys=max_keys,
+                idle_ttl=idle_ttl,
+                clock=self._clock,
+                held=_held,
             )
 
         self._fallback: Any = None
@@ -830,8 +836,12 @@ class CircuitBreaker(PolicyBase):
         if seconds is not None:
             seconds = check_number("seconds", seconds, minimum=0.0)
         now = self._now()
+        # Held for its whole cool-down: a key idle past idle_ttl, or pushed out by
+        # max_keys, must not come back CLOSED before the time it was opened for.
+        until = now + (self._config.open_for if seconds is None else seconds)
         for core in self._targets(key, sticky=None):
             core.transition(CircuitState.OPEN, now, seconds=seconds)
+            core.held_until = until
 
     def close(self, key: Hashable = None) -> None:
         """Close the breaker with a fresh window (also ends FORCED_OPEN, DISABLED, ...).
@@ -867,8 +877,12 @@ class CircuitBreaker(PolicyBase):
 
     def _set(self, target: CircuitState, key: Hashable) -> None:
         now = self._now()
+        # A key set by hand keeps its state until closed by hand, however idle (when
+        # every key is set, new keys start in that state: nothing to hold).
+        until = 0.0 if target is CircuitState.CLOSED or key is None else math.inf
         for core in self._targets(key, sticky=target):
             core.transition(target, now)
+            core.held_until = until
 
     # ----------------------------------------------------------------- shared state hooks
 
@@ -920,3 +934,8 @@ def _is_redis_backend(backend: Any) -> bool:
     return (
         hasattr(backend, "script") and hasattr(backend, "key") and hasattr(backend, "sync_client")
     )
+
+
+def _held(core: BreakerCore, now: float) -> bool:
+    """Whether a key's breaker must stay in the keyed map (a state set by hand)."""
+    return core.held_until > now

@@ -62,8 +62,10 @@ class _HalfOpen:
 
     __slots__ = ("admitted", "elected", "electing", "failures", "results", "since", "slow")
 
-    def __init__(self, since: float, *, elected: bool) -> None:
-        self.since = since
+    def __init__(self, *, elected: bool) -> None:
+        #: When the probes now outstanding began (``max_half_open_wait`` counts from
+        #: there); ``None`` before the first probe.
+        self.since: float | None = None
         self.admitted = 0
         self.results = 0
         self.failures = 0
@@ -172,6 +174,7 @@ class BreakerCore:
         "config",
         "elect",
         "fast",
+        "held_until",
         "key",
         "opened",
         "owner",
@@ -210,6 +213,9 @@ class BreakerCore:
         self._rejected = AtomicCounter()
         #: Times the breaker opened since creation.
         self.opened = 0
+        #: Until when a state set by hand must outlive the keyed map's eviction
+        #: (``inf``: until closed by hand; 0: nothing held).
+        self.held_until = 0.0
         changes: list[_Change] = []
         self._move(state, now, "initial", changes)
 
@@ -253,7 +259,7 @@ class BreakerCore:
             if reason != "fleet_probe":  # waiting for another process's probe is no trip
                 self.opened += 1
         elif new is HALF_OPEN:
-            self._half = _HalfOpen(now, elected=self.elect is None)
+            self._half = _HalfOpen(elected=self.elect is None)
         if reason != "initial":
             changes.append((old, new, reason, open_for if new is OPEN else None))
 
@@ -263,10 +269,17 @@ class BreakerCore:
             if now >= self._open_until:
                 self._move(HALF_OPEN, now, "cool_down", changes)
         elif state is HALF_OPEN:
+            # Only probes that are out can be late: with none admitted yet (no traffic),
+            # the breaker waits, half-open, for the next call.
             wait = self.config.max_half_open_wait
             half = self._half
             assert half is not None
-            if wait is not None and now >= half.since + wait:
+            if (
+                wait is not None
+                and half.since is not None
+                and half.admitted > half.results
+                and now >= half.since + wait
+            ):
                 self._move(OPEN, now, "half_open_timeout", changes)
 
     def _flush(self, changes: list[_Change], now: float) -> None:
@@ -312,13 +325,15 @@ class BreakerCore:
                     half = self._half
                     assert half is not None
                     if not half.electing and half.admitted < self.config.half_open_calls:
+                        if half.admitted == half.results:  # none out: the wait starts now
+                            half.since = now
                         half.admitted += 1
                         if not half.elected and self.elect is not None and self.elect():
                             half.electing = True
                             ticket = Election(half)
                         else:
                             ticket = half
-                    elif self.config.max_half_open_wait is not None:
+                    elif self.config.max_half_open_wait is not None and half.since is not None:
                         retry_after = max(0.0, half.since + self.config.max_half_open_wait - now)
                 elif state is OPEN:
                     retry_after = max(0.0, self._open_until - now)

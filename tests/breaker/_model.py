@@ -75,7 +75,7 @@ class Model:
                     open_for = min(self.config.open_for * self.trips, self.config.open_for_max)
             self.open_until = now + open_for
         if state == "half_open":
-            self.half_since = now
+            self.half_since = now  # set again when the first outstanding probe starts
             self.half_admitted = 0
             self.half_results = []
 
@@ -85,6 +85,7 @@ class Model:
         elif (
             self.state == "half_open"
             and self.config.max_half_open_wait is not None
+            and self.half_admitted > len(self.half_results)
             and now >= self.half_since + self.config.max_half_open_wait
         ):
             self.enter("open", now)
@@ -129,6 +130,8 @@ class Model:
             return Admitted(self.epoch, "disabled", now)
         if self.state == "half_open":
             if self.half_admitted < self.config.half_open_calls:
+                if self.half_admitted == len(self.half_results):  # none out before this one
+                    self.half_since = now
                 self.half_admitted += 1
                 return Admitted(self.epoch, "probe", now)
             if self.config.max_half_open_wait is not None:

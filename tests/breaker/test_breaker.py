@@ -239,6 +239,37 @@ def test_half_open_times_out_back_to_open(fake_clock: FakeClock) -> None:
     assert breaker.state is CircuitState.OPEN
 
 
+@pytest.mark.parametrize("polls", [(), (12,), (12, 18, 19)])
+def test_half_open_waits_for_its_first_probe_whoever_looks(
+    fake_clock: FakeClock, polls: tuple[float, ...]
+) -> None:
+    """``max_half_open_wait`` times the probes that are out, from the first one: with
+    no traffic the breaker stays half-open for the next call, and reading its state
+    (a health endpoint) changes nothing (a look at t=12 used to start the wait, so the
+    call at t=20 was refused and counted as a second trip)."""
+    breaker = CircuitBreaker(
+        consecutive_failures=1,
+        open_for=10,
+        open_for_max=100,
+        max_half_open_wait=5,
+        clock=fake_clock,
+    )
+    fail_n(breaker, 1)
+    for at in polls:
+        fake_clock.advance(at - fake_clock.monotonic())
+        assert breaker.state is CircuitState.HALF_OPEN
+        assert breaker.states() == {None: CircuitState.HALF_OPEN}
+        assert breaker.statistics().state is CircuitState.HALF_OPEN
+    fake_clock.advance(20 - fake_clock.monotonic())
+    probe = breaker.acquire_nowait()  # admitted: the probe
+    with pytest.raises(rs.CircuitOpen) as refused:
+        breaker.acquire_nowait()
+    assert refused.value.retry_after == 5.0  # the probe's time left
+    probe.success()
+    assert breaker.state is CircuitState.CLOSED
+    assert breaker.statistics().opened == 1
+
+
 def test_late_outcome_of_an_old_episode_is_dropped(fake_clock: FakeClock) -> None:
     """A call admitted while CLOSED that ends in HALF_OPEN is not taken as a probe."""
     breaker = CircuitBreaker(consecutive_failures=1, open_for=5, clock=fake_clock)
@@ -491,6 +522,33 @@ def test_a_key_idle_past_idle_ttl_starts_over_even_when_used_again_first(
     assert breaker.state_of("a") is CircuitState.CLOSED
     fail_n(breaker, 1, "a")  # within idle_ttl: two in a row trip it
     assert breaker.state_of("a") is CircuitState.OPEN
+
+
+def test_a_key_set_by_hand_outlives_idleness_and_a_full_map(fake_clock: FakeClock) -> None:
+    """``force_open(key)`` lasts until ``close(key)`` and ``open(key, seconds=...)`` for
+    its seconds, however long the key is idle and however many other keys come: they
+    used to come back CLOSED after ``idle_ttl``, or when ``max_keys`` pushed them out
+    (a flood of other keys turned the kill switch off)."""
+    breaker = CircuitBreaker(
+        key=lambda host: host, max_keys=3, idle_ttl=60, open_for=5, clock=fake_clock
+    )
+    breaker.force_open("evil")
+    breaker.open("slow", seconds=3600)
+    fake_clock.advance(601)
+    for index in range(50):  # other keys, well past max_keys
+        succeed_n(breaker, 1, f"host{index}")
+    assert breaker.state_of("evil") is CircuitState.FORCED_OPEN
+    assert breaker.state_of("slow") is CircuitState.OPEN
+    assert len(breaker.states()) == 3  # the two held keys, and one other
+    with pytest.raises(rs.CircuitOpen):
+        breaker.call(lambda host: host, "evil")
+    fake_clock.advance(3000)  # past the hand-set hour: "slow" goes as any key does
+    succeed_n(breaker, 1, "next")
+    assert breaker.state_of("slow") is CircuitState.CLOSED
+    breaker.close("evil")  # closed by hand: an ordinary key again
+    fake_clock.advance(61)
+    succeed_n(breaker, 1, "other")
+    assert "evil" not in breaker.states()
 
 
 def test_reports_agree_with_calls_about_an_idle_key(fake_clock: FakeClock) -> None:
