@@ -205,13 +205,19 @@ class Timeout(PolicyBase, ResilienceError, TimeoutError):
 
     # -- the error --------------------------------------------------------------------
 
-    def _error(self, seconds: float) -> Timeout:
+    def _error(self, seconds: float, *, spent: bool = False) -> Timeout:
+        """The error to raise after ``seconds`` (the limit applied); ``spent``: the
+        call got no time at all (the ambient deadline had passed before it started),
+        which its message says and its event reports as 0 seconds."""
         self._timed_out += 1
         if self._observed:
-            self._emit(TimedOut(policy=self.name, seconds=seconds))
-        # The raised error is a fresh instance (``seconds`` is positive here: the
-        # limit that was applied), never the shared policy object.
-        return Timeout(seconds, clock=self._clock, name=self.name)
+            self._emit(TimedOut(policy=self.name, seconds=0.0 if spent else seconds))
+        # The raised error is a fresh instance (``seconds`` is positive here),
+        # never the shared policy object.
+        error = Timeout(seconds, clock=self._clock, name=self.name)
+        if spent:
+            error.args = ("timed out: the deadline had passed before the call started",)
+        return error
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (Timeout, (self.seconds,))
@@ -236,7 +242,7 @@ class Timeout(PolicyBase, ResilienceError, TimeoutError):
         refuse_async(self, fn)
         seconds = self._budget()
         if seconds <= 0:
-            raise self._error(self.seconds)
+            raise self._error(self.seconds, spent=True)
         clock = self._clock
         entered, token = _deadline.push(seconds, clock)
         try:
@@ -250,7 +256,7 @@ class Timeout(PolicyBase, ResilienceError, TimeoutError):
     def __enter__(self) -> Timeout:
         seconds = self._budget()
         if seconds <= 0:
-            raise self._error(self.seconds)
+            raise self._error(self.seconds, spent=True)
         entered, token = _deadline.push(seconds, self._clock)
         state = [entered, token, seconds]
         state.append(_ENTERED.set(state))
@@ -280,7 +286,7 @@ class Timeout(PolicyBase, ResilienceError, TimeoutError):
             return await self._runner(fn)(*args, **kwargs)  # type: ignore[no-any-return]
         seconds = self._budget()
         if seconds <= 0:
-            raise self._error(self.seconds)
+            raise self._error(self.seconds, spent=True)
         _, token = _deadline.push(seconds, self._clock)
         try:
             return await self._call_fake(seconds, fn, args, kwargs)
@@ -384,7 +390,7 @@ class Timeout(PolicyBase, ResilienceError, TimeoutError):
     async def __aenter__(self) -> Timeout:
         seconds = self._budget()
         if seconds <= 0:
-            raise self._error(self.seconds)
+            raise self._error(self.seconds, spent=True)
         entered, token = _deadline.push(seconds, self._clock)
         if self._fake_timers:
             scope = anyio.CancelScope()

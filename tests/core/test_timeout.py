@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+from typing import Any
 
 import anyio
 import pytest
@@ -100,6 +102,33 @@ async def test_async_timeout_enters_only_a_sooner_deadline_on_the_real_clock() -
             await probe()
         assert len(seen) == calls  # never started
     assert rs.current_deadline() is None
+
+
+@pytest.mark.anyio
+async def test_a_call_that_gets_no_time_says_so(fake_clock: FakeClock) -> None:
+    """Entered with the ambient deadline already spent, a Timeout refuses before the
+    call and says the deadline had passed; its event reports the 0 seconds it gave
+    (it said "timed out after 5s", a limit that was never applied), in every form."""
+    timeout = rs.Timeout(5.0, clock=fake_clock)
+    events: list[Any] = []
+    timeout.add_listener(events.append)
+
+    async def work() -> None:
+        raise AssertionError("never started")
+
+    with rs.deadline(1.0, clock=fake_clock):
+        fake_clock.advance(1.0)
+        attempts: list[Callable[[], Any]] = [
+            lambda: timeout.call(lambda: None),
+            lambda: timeout.__enter__(),
+        ]
+        for attempt in attempts:
+            with pytest.raises(rs.Timeout, match="deadline had passed before the call"):
+                attempt()
+        with pytest.raises(rs.Timeout, match="deadline had passed before the call"):
+            await timeout.call_async(work)
+    assert [event.seconds for event in events] == [0.0, 0.0, 0.0]
+    assert timeout.statistics().timed_out == 3
 
 
 @pytest.mark.anyio
