@@ -221,6 +221,7 @@ def remove_listener(listener: Listener) -> None:
     index = _index(GLOBAL_LISTENERS, listener)
     if index is not None:
         del GLOBAL_LISTENERS[index]
+    _forget_failures(listener)
 
 
 def _index(listeners: list[Listener], listener: object) -> int | None:
@@ -256,11 +257,17 @@ def emit(listeners: list[Listener], event: Event) -> None:
 
 
 def _slot(listener: Listener) -> object:
-    try:
-        hash(listener)
-    except TypeError:  # an unhashable callable object
-        return id(listener)
-    return listener
+    """The failure table's key for ``listener``: identities, never the listener itself
+    (the table must not keep a removed listener, and what it holds, alive). A bound
+    method is a new object on every access: its key is its object's and function's."""
+    owner = getattr(listener, "__self__", None)
+    if owner is not None:
+        function = getattr(listener, "__func__", None)
+        return (
+            id(owner),
+            id(function) if function is not None else getattr(listener, "__name__", ""),
+        )
+    return id(listener)
 
 
 def _forget_failures(listener: Listener) -> None:
@@ -327,6 +334,7 @@ class Observable:
         index = _index(self._listeners, listener)
         if index is not None:
             del self._listeners[index]
+        _forget_failures(listener)
 
     @property
     def _observed(self) -> bool:

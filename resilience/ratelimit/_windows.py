@@ -164,9 +164,7 @@ class WindowBuckets:
         cls, algorithm: str, rate: Rate, *, name: str, max_keys: int = 100_000
     ) -> WindowBuckets:
         """Windows in process memory (limits' ``MemoryStorage``), ``max_keys`` at most."""
-        from limits.storage import MemoryStorage
-
-        return cls(algorithm, rate, MemoryStorage(), name=name, local=True, max_keys=max_keys)
+        return cls(algorithm, rate, _memory_storage(), name=name, local=True, max_keys=max_keys)
 
     @classmethod
     def on_redis(
@@ -351,3 +349,33 @@ class WindowBuckets:
     # Every window decision asks the storage: the recovery probe is a plain decision.
     probe = take
     probe_async = take_async
+
+
+@functools.cache
+def _memory_storage_class() -> Any:
+    """limits' ``MemoryStorage``, its expiry sweep made quiet about keys that vanish.
+
+    The sweep runs on a timer thread of its own and reads keys it listed earlier without
+    a lock, while a decision's ``get`` of an expired key (limits' own) or the
+    ``max_keys`` cap's ``clear`` (ours) removes them: a ``KeyError`` there printed
+    "Exception in thread" tracebacks under key floods. The sweep gives up until the
+    next write schedules another (what the error did, without the noise).
+    """
+    from limits.storage import MemoryStorage
+
+    found = getattr(MemoryStorage, "_MemoryStorage__expire_events", None)
+    if found is None:  # another limits: its sweep as it is
+        return MemoryStorage
+    sweep: Callable[[Any], None] = found
+
+    class QuietMemoryStorage(MemoryStorage):
+        def _MemoryStorage__expire_events(self) -> None:  # limits' private name
+            with contextlib.suppress(KeyError):
+                sweep(self)
+
+    return QuietMemoryStorage
+
+
+def _memory_storage() -> Any:
+    """A new quiet ``MemoryStorage`` (see :func:`_memory_storage_class`)."""
+    return _memory_storage_class()()

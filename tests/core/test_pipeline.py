@@ -426,6 +426,36 @@ def test_a_listener_added_again_is_logged_at_once(
     assert len(caplog.records) == 2
 
 
+def test_a_removed_listener_that_failed_is_not_kept_alive(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The failure log's memory of a listener keeps nothing alive: once removed and
+    dropped, a listener that raised (and what it holds) is collected, as is a bound
+    method's object (they stayed until 1,000 other listeners had failed)."""
+    import gc
+    import weakref
+
+    # No log record: the test's own log capture would keep the traceback, and the
+    # listener with it.
+    monkeypatch.setattr(logging.getLogger("resilience"), "disabled", True)
+
+    class Broken:
+        def __call__(self, event: rs.Event) -> None:
+            raise RuntimeError("listener bug")
+
+        def method(self, event: rs.Event) -> None:
+            raise RuntimeError("listener bug")
+
+    for make in (lambda obj: obj, lambda obj: obj.method):
+        fallback = rs.Fallback("ok")
+        owner = Broken()
+        alive = weakref.ref(owner)
+        fallback.add_listener(make(owner))
+        fallback(lambda: (_ for _ in ()).throw(rs.Rejected()))()  # the listener raises
+        fallback.remove_listener(make(owner))
+        del owner
+        gc.collect()
+        assert alive() is None
+
+
 def test_distinct_listeners_that_compare_equal_both_receive() -> None:
     """add_listener ignores the same listener added twice (the same object, or the same
     bound method), not a distinct one that merely compares equal (dataclasses)."""

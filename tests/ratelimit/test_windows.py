@@ -197,3 +197,34 @@ def test_a_window_wait_is_reported_as_waited() -> None:
     assert waits[:2] == [0.0, 0.0]
     assert 0.5 < waits[2] <= blocked + 0.01
     assert limiter.statistics().waited == 1
+
+
+def test_a_key_flood_leaves_the_window_sweep_quiet(monkeypatch: pytest.MonkeyPatch) -> None:
+    """limits' in-memory storage sweeps expired windows on a timer thread that reads
+    keys without a lock; the max_keys cap (and limits' own reads) remove keys under it.
+    A flood of distinct keys used to crash that thread ("Exception in thread ...
+    KeyError", over a dozen tracebacks in 3 s here); the sweep now lets such keys go."""
+    import sys
+    import threading
+    import time
+
+    crashes: list[str] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: crashes.append(repr(args.exc_value)))
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)  # many more thread switches: the race shows at once
+    try:
+        limiter = rs.RateLimiter(
+            "5/s", algorithm="moving-window", backend=rs.backends.MemoryBackend(max_keys=1000)
+        )
+        ends = time.monotonic() + 3.0
+        n = 0
+        while time.monotonic() < ends:
+            limiter.try_acquire(key=f"k{n}")
+            n += 1
+    finally:
+        sys.setswitchinterval(interval)
+    assert n > 10_000
+    assert crashes == []
+    keys = limiter.statistics().keys
+    assert keys is not None
+    assert keys <= 1000
