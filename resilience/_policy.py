@@ -194,6 +194,9 @@ class PolicyBase(Observable):
 
     #: True for policies that raise :class:`Rejected` without running the call.
     raises_rejected: bool = False
+    #: Which :class:`Rejected` they raise (checked against an outer Retry's ``on=``);
+    #: ``None``: any.
+    rejection: type[BaseException] | None = None
 
     def __init__(self, *, name: str | None = None) -> None:
         Observable.__init__(self, name)
@@ -429,6 +432,7 @@ class PipelineOrderWarning(UserWarning):
 def _order_problems(policies: Iterable[Policy]) -> list[str]:
     from ._retry import Retry
     from ._timeout import Timeout
+    from .errors import Rejected
 
     problems: list[str] = []
     ordered = list(policies)
@@ -437,8 +441,13 @@ def _order_problems(policies: Iterable[Policy]) -> list[str]:
             continue
         inner = ordered[index + 1 :]
         outer = ordered[:index]
-        rejecting = [p for p in inner if getattr(p, "raises_rejected", False)]
-        if rejecting and policy.retries_rejections and not policy.respect_retry_after:
+        rejecting = [
+            p
+            for p in inner
+            if getattr(p, "raises_rejected", False)
+            and policy._may_retry(getattr(p, "rejection", None) or Rejected)
+        ]
+        if rejecting and not policy.respect_retry_after:
             problems.append(
                 f"{policy!r} retries Rejected errors raised by {rejecting[0]!r} inside it "
                 "without honouring retry_after: it will hammer the policy that refused. "

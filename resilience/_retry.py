@@ -127,6 +127,10 @@ class Retry(PolicyBase):
         """Whether this retry may retry :class:`Rejected` errors (used by Pipeline checks)."""
         return self._matches.may_match(Rejected)
 
+    def _may_retry(self, error: type[BaseException]) -> bool:
+        """Whether this retry may retry ``error`` (or a subclass): Pipeline's checks."""
+        return self._matches.may_match(error)
+
     # -- the core: pure decisions, shared by both shells ----------------------------
 
     def _judge(self, run: _Run, exc: Exception) -> float | None:

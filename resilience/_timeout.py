@@ -238,7 +238,8 @@ class Timeout(PolicyBase, ResilienceError, TimeoutError):
     # -- sync -------------------------------------------------------------------------
 
     def call(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
-        """Run ``fn(*args, **kwargs)``; raise Timeout if it starts or ends past the limit."""
+        """Run ``fn(*args, **kwargs)``; raise Timeout if it starts past the limit or ends
+        at or past it."""
         refuse_async(self, fn)
         seconds = self._budget()
         if seconds <= 0:
@@ -249,7 +250,7 @@ class Timeout(PolicyBase, ResilienceError, TimeoutError):
             result = fn(*args, **kwargs)
         finally:
             _deadline.pop(token)
-        if clock.monotonic() > entered.at:
+        if clock.monotonic() >= entered.at:  # at the limit: cut, as async is
             raise self._error(seconds)
         return result
 
@@ -273,7 +274,7 @@ class Timeout(PolicyBase, ResilienceError, TimeoutError):
         entered, token, seconds, own = state
         _ENTERED.reset(own)
         _deadline.pop(token)
-        if exc_type is None and self._clock.monotonic() > entered.at:
+        if exc_type is None and self._clock.monotonic() >= entered.at:
             raise self._error(seconds)
 
     # -- async ------------------------------------------------------------------------
@@ -320,7 +321,7 @@ class Timeout(PolicyBase, ResilienceError, TimeoutError):
             current = current_deadline()
             if current is not None and (left := current.remaining()) <= limit:
                 if left <= 0:
-                    raise error(limit)
+                    raise error(limit, spent=True)
                 seconds = left  # the sooner, outer deadline stays in force
             else:
                 token = enter(Deadline(monotonic() + limit, clock))

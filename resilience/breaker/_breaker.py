@@ -19,7 +19,7 @@ from .._keyed import BoundedMap
 from .._matching import ExceptionFilter
 from .._policy import PolicyBase, is_async_callable, is_generator_function, refuse_async
 from .._validate import check_callable, check_clock, check_int, check_number
-from ..errors import ConfigurationError, Rejected
+from ..errors import CircuitOpen, ConfigurationError, Rejected
 from ._config import FAILURE, IGNORE, SUCCESS, BreakerConfig, Outcome
 from ._core import BreakerCore, BreakerStatistics, Election, Ticket, _Change
 from ._events import BreakerStateChanged, OutcomeRecorded
@@ -226,6 +226,7 @@ class CircuitBreaker(PolicyBase):
     """
 
     raises_rejected = True
+    rejection = CircuitOpen
 
     def __init__(
         self,

@@ -101,6 +101,7 @@ class PyBreakerPolicy(PolicyBase):
     """
 
     raises_rejected = True
+    rejection = CircuitOpen
 
     def __init__(
         self, breaker: Any, *, record_rejected: bool = False, name: str | None = None

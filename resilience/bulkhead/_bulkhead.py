@@ -164,6 +164,7 @@ class Bulkhead(PolicyBase):
     )
 
     raises_rejected = True
+    rejection = BulkheadFull
 
     def __init__(
         self,

@@ -144,6 +144,7 @@ class RateLimiter(PolicyBase):
     )
 
     raises_rejected = True
+    rejection = RateLimited
 
     def __init__(
         self,

@@ -319,6 +319,22 @@ def test_retry_ignoring_retry_after_around_rejecting_policy_warns() -> None:
         rs.Pipeline(rs.Retry(on=OSError, respect_retry_after=False), Limiter())
 
 
+def test_the_retry_after_warning_names_only_rejections_the_retry_can_catch() -> None:
+    """A Retry whose ``on=`` cannot catch what an inner policy raises (retrying open
+    breakers around a limiter) hammers nothing: no warning. One that can still warns,
+    naming that policy, not another."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        rs.Pipeline(rs.Retry(on=rs.CircuitOpen, respect_retry_after=False), rs.RateLimiter("1/s"))
+        rs.Pipeline(rs.Retry(on=rs.BulkheadFull, respect_retry_after=False), rs.CircuitBreaker())
+    with pytest.warns(rs.PipelineOrderWarning, match="raised by <RateLimiter"):
+        rs.Pipeline(
+            rs.Retry(on=rs.RateLimited, respect_retry_after=False),
+            rs.CircuitBreaker(),
+            rs.RateLimiter("1/s"),
+        )
+
+
 def test_recommended_pipeline_degrades_end_to_end(fake_clock: FakeClock) -> None:
     """Fallback -> Retry(deadline) -> Timeout: a dead dependency yields the fallback."""
     calls = 0

@@ -132,6 +132,49 @@ async def test_a_call_that_gets_no_time_says_so(fake_clock: FakeClock) -> None:
 
 
 @pytest.mark.anyio
+async def test_a_spent_deadline_reads_the_same_on_the_real_clock() -> None:
+    """The same on the real clock, where async calls take another path."""
+    timeout = rs.Timeout(5.0)
+    events: list[Any] = []
+    timeout.add_listener(events.append)
+
+    async def work() -> None:
+        raise AssertionError("never started")
+
+    with rs.deadline(0.001):
+        await anyio.sleep(0.01)
+        with pytest.raises(rs.Timeout, match="deadline had passed before the call"):
+            await timeout.call_async(work)
+        with pytest.raises(rs.Timeout, match="deadline had passed before the call"):
+            timeout.call(lambda: None)
+    assert [event.seconds for event in events] == [0.0, 0.0]
+
+
+@pytest.mark.anyio
+async def test_a_call_that_takes_exactly_its_limit_times_out_sync_and_async(
+    fake_clock: FakeClock,
+) -> None:
+    """At the limit is past it, in both shells: a FakeClock cut fires at its time, so
+    the async call timed out while the same sync call returned its value."""
+    timeout = rs.Timeout(1.0, clock=fake_clock)
+
+    def sync_work() -> str:
+        fake_clock.advance(1.0)
+        return "value"
+
+    async def async_work() -> str:
+        await fake_clock.sleep_async(1.0)
+        return "value"
+
+    with pytest.raises(rs.Timeout):
+        timeout.call(sync_work)
+    with pytest.raises(rs.Timeout):
+        await timeout.call_async(async_work)
+    with pytest.raises(rs.Timeout), timeout:
+        sync_work()
+
+
+@pytest.mark.anyio
 async def test_async_context_manager_cancels_its_block() -> None:
     """async with rs.Timeout(s) cuts the enclosed block."""
     timeout = rs.Timeout(0.05)
