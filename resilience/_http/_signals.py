@@ -134,6 +134,12 @@ def parse_retry_after(text: str, *, now: float | None, cap: float) -> float | No
 
     Example: ``parse_retry_after("120", now=None, cap=60.0) == 60.0``
     """
+    return _retry_after(text, cap, None if now is None else lambda: now)
+
+
+def _retry_after(text: str, cap: float, reference: Callable[[], float] | None) -> float | None:
+    """:func:`parse_retry_after`, the HTTP-date measured from ``reference()`` (called
+    only for a date; ``None``: dates are ignored)."""
     if len(text) > MAX_VALUE_LENGTH:
         return None
     seconds = _decimal(text)
@@ -141,12 +147,12 @@ def parse_retry_after(text: str, *, now: float | None, cap: float) -> float | No
         seconds = math.inf  # "come back much later": the cap, not "no hint"
     if seconds is not None:
         return _bounded(seconds, cap)
-    if now is None:
+    if reference is None:
         return None
     when = parse_http_date(text)
     if when is None:
         return None
-    return _bounded(when - now, cap)
+    return _bounded(when - reference(), cap)
 
 
 def _split(text: str, separator: str) -> list[str]:
@@ -300,16 +306,8 @@ def read_signals(
             server_now.append(parsed if parsed is not None else wall())
         return server_now[0]
 
-    retry_after = None
     field = found.get(b"retry-after")
-    if field is not None and len(field) <= MAX_VALUE_LENGTH:
-        seconds = _decimal(field)
-        if seconds is not None:
-            retry_after = _bounded(seconds, cap)
-        else:
-            when = parse_http_date(field)
-            if when is not None:
-                retry_after = _bounded(when - reference(), cap)
+    retry_after = None if field is None else _retry_after(field, cap, reference)
     quota = _quota(found, reference, cap)
     if retry_after is None and quota is None:
         return None

@@ -359,9 +359,7 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observab
         if remaining is None:
             return request
         if remaining <= 0:
-            raise httpx.TimeoutException(
-                "the deadline passed before the request was sent", request=request
-            )
+            raise _NotSentInTime("the deadline passed before the request was sent", request=request)
         timeouts = request.extensions.get("timeout")
         if isinstance(timeouts, dict):
             clamped = {
@@ -418,10 +416,12 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observab
                     pause = host.pace.observe(
                         now, signals, retry_after_applies=status == 429 or status >= 500
                     )
+                    # Which signal sets the pause: a Retry-After as long as it, or the quota.
+                    told = host.pace.not_before - now >= pause
                 if pause > 0:
                     self._pauses += 1
                     if self._observed:
-                        reason = "quota" if host.pace.not_before <= now else "retry-after"
+                        reason = "retry-after" if told else "quota"
                         self._emit(
                             HostPaused(
                                 policy=self.name, key=str(host.key), seconds=pause, reason=reason
@@ -651,19 +651,19 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observab
         previous: Exception | None,
     ) -> httpx.Response | None:
         """The answer a retry round settles the run with, or ``None`` to go on."""
-        if isinstance(exc, Rejected):
-            # Refused before anything was sent (a limiter, a bulkhead or the breaker):
-            # no retry started, so neither counted nor paid for.
+        if isinstance(exc, Rejected | _NotSentInTime):
+            # Refused (a limiter, a bulkhead or the breaker), or out of time while it
+            # waited: nothing was sent, so the retry is neither counted nor paid for,
+            # and the caller gets the answer in hand, not an error for a call that was
+            # made (an unsized answer could not be kept: then the error).
             self._unschedule(run)
-        if isinstance(exc, Rejected) and (kept is not None or previous is not None):
-            # The retry was refused before anything was sent (a limiter, a bulkhead or
-            # the breaker): the caller gets the answer in hand, not a Rejected for a
-            # call that was made.
-            self._give_up(host, run.attempt, "rejected", exc)
+            reason = "rejected" if isinstance(exc, Rejected) else "deadline"
+            self._give_up(host, run.attempt, reason, exc)
             if kept is not None:
                 return kept
-            assert previous is not None
-            raise previous
+            if previous is not None:
+                raise previous
+            raise exc
         if response is not None and response.status_code not in self._retry_statuses:
             if response.status_code < 500:
                 self._recovered += 1
@@ -1085,6 +1085,11 @@ _HEDGEABLE = frozenset({CircuitState.CLOSED, CircuitState.METRICS_ONLY, CircuitS
 
 class _NotNow(Exception):
     """A hedge's admission stopped short (no token): give back what it holds."""
+
+
+class _NotSentInTime(httpx.TimeoutException):
+    """The deadline passed while an attempt waited to be sent (a pause, the limiter's
+    token, a bulkhead slot): nothing was sent. To the caller, an ``httpx.TimeoutException``."""
 
 
 #: The largest answer kept (read) while its retry runs, to return if the retry is

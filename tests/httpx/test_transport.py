@@ -426,6 +426,70 @@ async def test_a_retry_cancelled_while_it_waits_for_a_slot_is_not_paid_for() -> 
     assert t.statistics().retries == 0
 
 
+def test_a_retry_out_of_time_before_it_is_sent_returns_the_answer_in_hand(
+    send: Send, fake_clock: FakeClock
+) -> None:
+    """A retry that waits for the host's limiter token until the deadline was never
+    sent: the caller gets the 503 in hand (it got an httpx.TimeoutException), and the
+    retry is neither counted nor paid for."""
+    sized = {"content-length": "8"}  # "answer 0": kept while the retry runs
+    upstream = Upstream(fake_clock, lambda request, n: (503, sized) if n == 0 else (200, {}))
+    t = transport(upstream, limiter="1/s", backoff=backoff.constant(0.1))
+    with rs.deadline(1.0, clock=fake_clock):
+        response = send(t, "GET", A)
+    assert (response.status_code, response.content) == (503, b"answer 0")
+    assert len(upstream.calls) == 1
+    stats = t.statistics()
+    assert (stats.retries, stats.exhausted) == (0, 1)
+    assert t.budget.statistics().retries == 0
+
+
+def test_a_refused_retry_after_an_unsized_answer_is_counted_as_given_up(
+    send: Send, fake_clock: FakeClock
+) -> None:
+    """An unsized answer cannot be kept while its retry runs, so a retry the breaker
+    refuses raises CircuitOpen (documented); the run still gave up, and says so
+    (``exhausted`` stayed 0 and no RetriesExhausted was emitted)."""
+    breaker = CircuitBreaker(
+        key=host_key, consecutive_failures=1, failure_rate=None, clock=fake_clock
+    )
+    upstream = Upstream(fake_clock, always(503))  # unsized bodies
+    t = transport(upstream, breaker=breaker, backoff=backoff.constant(0.1))
+    given_up: list[Any] = []
+    t.add_listener(lambda event: given_up.append(getattr(event, "reason", None)))
+    with pytest.raises(CircuitOpen):
+        send(t, "GET", A)
+    assert t.statistics().exhausted == 1
+    assert "rejected" in given_up
+    assert upstream.leaked() == []
+
+
+def test_a_retry_after_of_many_digits_pauses_for_the_cap(send: Send, fake_clock: FakeClock) -> None:
+    """``Retry-After: 1234567890123456`` means "much later": the cap (max_server_delay),
+    beyond max_wait, so the answer is returned at once (the value used to be ignored
+    and the request retried after the backoff)."""
+    huge = {"Retry-After": "1234567890123456"}
+    upstream = Upstream(fake_clock, lambda request, n: (503, huge) if n == 0 else (200, {}))
+    t = transport(upstream, backoff=backoff.constant(0.1), max_wait=30)
+    paused: list[Any] = []
+    t.add_listener(lambda event: paused.append(event) if isinstance(event, HostPaused) else None)
+    assert send(t, "GET", A).status_code == 503
+    assert len(upstream.calls) == 1
+    assert [(event.seconds, event.reason) for event in paused] == [(60.0, "retry-after")]
+
+
+def test_a_pause_set_by_the_quota_says_quota(send: Send, fake_clock: FakeClock) -> None:
+    """429 with ``Retry-After: 2`` and a quota spent for 8 s: the pause is the quota's
+    (it was reported as reason="retry-after")."""
+    headers = {"Retry-After": "2", "X-RateLimit-Remaining": "0", "X-RateLimit-Reset-After": "8"}
+    upstream = Upstream(fake_clock, always(429, headers))
+    t = transport(upstream, attempts=1)
+    paused: list[Any] = []
+    t.add_listener(lambda event: paused.append(event) if isinstance(event, HostPaused) else None)
+    assert send(t, "GET", A).status_code == 429
+    assert [(event.seconds, event.reason) for event in paused] == [(8.0, "quota")]
+
+
 def test_deadline_clamps_timeouts_and_is_forwarded(send: Send, fake_clock: FakeClock) -> None:
     """Each attempt's timeouts are cut to the time left; the header carries it."""
     upstream = Upstream(fake_clock, lambda request, n: (503, {}) if n == 0 else (200, {}))
