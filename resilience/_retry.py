@@ -258,29 +258,23 @@ class Retry(PolicyBase):
         """Carry on after a failed first attempt (the happy path never gets here)."""
         run = self._start()
         while True:
-            if exc is not None:
-                if (delay := self._judge(run, exc)) is None:
-                    try:
-                        raise exc
-                    finally:
-                        # Not kept by this frame, which the traceback references: no
-                        # exception <-> frame cycle left for the garbage collector.
-                        exc = None
-            else:
-                delay = self._plan(run, None)
-                if delay is None:
-                    return result  # type: ignore[no-any-return]
-            try:
-                self._clock.sleep(delay)
-            except BaseException:
-                self._refund(run)
-                raise
-            if self._late(run, exc):
+            delay = self._plan(run, None) if exc is None else self._judge(run, exc)
+            if delay is not None:
+                try:
+                    self._clock.sleep(delay)
+                except BaseException:
+                    self._refund(run)
+                    raise
+                if self._late(run, exc):
+                    delay = None
+            if delay is None:
                 if exc is None:
                     return result  # type: ignore[no-any-return]
                 try:
                     raise exc
                 finally:
+                    # Not kept by this frame, which the traceback references: no
+                    # exception <-> frame cycle left for the garbage collector.
                     exc = None
             self._retries += 1  # counted once started: a cancelled backoff is no retry
             try:
@@ -333,28 +327,22 @@ class Retry(PolicyBase):
         """Carry on after a failed first attempt (the happy path never gets here)."""
         run = self._start()
         while True:
-            if exc is not None:
-                if (delay := self._judge(run, exc)) is None:
-                    try:
-                        raise exc
-                    finally:
-                        exc = None  # no exception <-> frame cycle (see _resume)
-            else:
-                delay = self._plan(run, None)
-                if delay is None:
-                    return result  # type: ignore[no-any-return]
-            try:
-                await self._clock.sleep_async(delay)
-            except BaseException:
-                self._refund(run)
-                raise
-            if self._late(run, exc):
+            delay = self._plan(run, None) if exc is None else self._judge(run, exc)
+            if delay is not None:
+                try:
+                    await self._clock.sleep_async(delay)
+                except BaseException:
+                    self._refund(run)
+                    raise
+                if self._late(run, exc):
+                    delay = None
+            if delay is None:
                 if exc is None:
                     return result  # type: ignore[no-any-return]
                 try:
                     raise exc
                 finally:
-                    exc = None
+                    exc = None  # no exception <-> frame cycle (see _resume)
             self._retries += 1  # counted once started (see _resume)
             try:
                 result = await fn(*args, **kwargs)
