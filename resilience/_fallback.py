@@ -118,6 +118,12 @@ class Fallback(PolicyBase, Generic[R]):
         self._takes_error = self._callable and _accepts_argument(value_or_callable)
         self._used = 0
 
+    def _absorbs(self, error: type[BaseException]) -> bool:
+        """Whether every ``error`` (a Rejected type) is answered with the degraded
+        result: the ``on=`` types cover it (a predicate may not). Pipeline's checks."""
+        types = self._matches.types
+        return types is not None and any(issubclass(error, t) for t in types)
+
     def _degraded(self, exc: Exception) -> Any:
         self._used += 1
         if self._observed:

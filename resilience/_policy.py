@@ -429,10 +429,32 @@ class PipelineOrderWarning(UserWarning):
     """
 
 
+def _rejecting(retry: Any, inner: list[Any]) -> list[Any]:
+    """The policies inside ``retry`` whose rejections reach it: raised, not answered by
+    a Fallback on the way (or by the policy's own ``fallback=``), and caught by its
+    ``on=``."""
+    from ._fallback import Fallback
+    from .errors import Rejected
+
+    found: list[Any] = []
+    answered: list[Fallback[Any]] = []
+    for policy in inner:
+        kind = getattr(policy, "rejection", None) or Rejected
+        own = getattr(policy, "_fallback", None)
+        if (
+            getattr(policy, "raises_rejected", False)
+            and retry._may_retry(kind)
+            and not any(f._absorbs(kind) for f in (*answered, own) if f is not None)
+        ):
+            found.append(policy)
+        if isinstance(policy, Fallback):
+            answered.append(policy)
+    return found
+
+
 def _order_problems(policies: Iterable[Policy]) -> list[str]:
     from ._retry import Retry
     from ._timeout import Timeout
-    from .errors import Rejected
 
     problems: list[str] = []
     ordered = list(policies)
@@ -441,12 +463,7 @@ def _order_problems(policies: Iterable[Policy]) -> list[str]:
             continue
         inner = ordered[index + 1 :]
         outer = ordered[:index]
-        rejecting = [
-            p
-            for p in inner
-            if getattr(p, "raises_rejected", False)
-            and policy._may_retry(getattr(p, "rejection", None) or Rejected)
-        ]
+        rejecting = _rejecting(policy, inner)
         if rejecting and not policy.respect_retry_after:
             problems.append(
                 f"{policy!r} retries Rejected errors raised by {rejecting[0]!r} inside it "

@@ -878,9 +878,11 @@ class CircuitBreaker(PolicyBase):
 
     def _set(self, target: CircuitState, key: Hashable) -> None:
         now = self._now()
-        # A key set by hand keeps its state until closed by hand, however idle (when
-        # every key is set, new keys start in that state: nothing to hold).
-        until = 0.0 if target is CircuitState.CLOSED or key is None else math.inf
+        # A key set by hand keeps its state, however idle, while it differs from the
+        # state a new key starts in (which is what a dropped key would come back as):
+        # force_open(key) until close(key), close(key) under a breaker-wide force_open().
+        # Set for every key, the state is the new keys' too: nothing to hold.
+        until = 0.0 if key is None or target is self._default_state else math.inf
         for core in self._targets(key, sticky=target):
             core.transition(target, now)
             core.held_until = until

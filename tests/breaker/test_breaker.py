@@ -551,6 +551,26 @@ def test_a_key_set_by_hand_outlives_idleness_and_a_full_map(fake_clock: FakeCloc
     assert "evil" not in breaker.states()
 
 
+def test_a_key_closed_by_hand_under_a_breaker_wide_force_open_stays_closed(
+    fake_clock: FakeClock,
+) -> None:
+    """``close(key)`` after ``force_open()`` exempts one host from the kill switch; a
+    dropped key comes back in the breaker-wide state, so that exemption is held too (it
+    was lost after ``idle_ttl``, turning the switch back on for that host)."""
+    breaker = CircuitBreaker(key=lambda host: host, max_keys=2, idle_ttl=10, clock=fake_clock)
+    breaker.force_open()
+    breaker.close("a")
+    fake_clock.advance(11)
+    for index in range(5):
+        with pytest.raises(rs.CircuitOpen):
+            breaker.call(lambda host: host, f"host{index}")
+    assert breaker.call(lambda host: host, "a") == "a"
+    breaker.close()  # every key closed: "a" is an ordinary key again
+    fake_clock.advance(11)
+    succeed_n(breaker, 1, "other")
+    assert "a" not in breaker.states()
+
+
 def test_reports_agree_with_calls_about_an_idle_key(fake_clock: FakeClock) -> None:
     """state_of(), states() and statistics() report an idle-expired key as the next call
     will find it (a fresh CLOSED breaker), not the state it had before it went idle."""

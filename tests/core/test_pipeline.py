@@ -335,6 +335,30 @@ def test_the_retry_after_warning_names_only_rejections_the_retry_can_catch() -> 
         )
 
 
+def test_the_retry_after_warning_skips_rejections_a_fallback_answers() -> None:
+    """A breaker with ``fallback=``, or a Fallback between the Retry and the policy
+    whose ``on=`` covers its rejection, answers the rejection: the Retry never sees it,
+    so there is nothing to warn about. A Fallback that covers something else does not
+    count."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        rs.Pipeline(
+            rs.Retry(on=Exception, respect_retry_after=False),
+            rs.CircuitBreaker(fallback="degraded"),
+        )
+        rs.Pipeline(
+            rs.Retry(on=Exception, respect_retry_after=False),
+            rs.Fallback("degraded", on=rs.CircuitOpen),
+            rs.CircuitBreaker(),
+        )
+    with pytest.warns(rs.PipelineOrderWarning, match="raised by <RateLimiter"):
+        rs.Pipeline(
+            rs.Retry(on=Exception, respect_retry_after=False),
+            rs.Fallback("degraded", on=rs.CircuitOpen),
+            rs.RateLimiter("1/s"),
+        )
+
+
 def test_recommended_pipeline_degrades_end_to_end(fake_clock: FakeClock) -> None:
     """Fallback -> Retry(deadline) -> Timeout: a dead dependency yields the fallback."""
     calls = 0
