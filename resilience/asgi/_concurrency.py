@@ -34,7 +34,9 @@ from ._types import ASGIApp, Message, Receive, Scope, Send, ends_response
 __all__ = ["ConcurrencyLimitMiddleware", "header_priority"]
 
 _ALLOWED = ("bulkhead", "priority", "key", "max_wait")
-_URGENCY = re.compile(r"(?:^|,)\s*u\s*=\s*([0-9]{1,9})")
+#: An RFC 8941 dictionary key, and an integer value (RFC 9218 urgencies are 0..7).
+_SF_KEY = re.compile(r"[a-z*][a-z0-9_.*-]*")
+_SF_INTEGER = re.compile(r"-?[0-9]{1,15}")
 #: A priority given as a number: ASCII digits, and few (str.isdigit() takes "²", which
 #: int() refuses, and int() refuses thousands of digits): a client must not get a 500.
 _INTEGER = re.compile(r"-?[0-9]{1,9}")
@@ -42,10 +44,26 @@ _INTEGER = re.compile(r"-?[0-9]{1,9}")
 _RFC9218_DEFAULT_URGENCY = 3
 
 
-def _is_priority_field(value: str) -> bool:
-    """Whether ``value`` reads as an RFC 9218 Priority field (members ``u`` and ``i``)."""
-    members = [member.strip().partition("=")[0].strip() for member in value.split(",")]
-    return bool(members) and all(member in ("u", "i") for member in members)
+def _urgency(field: str) -> int | None:
+    """The urgency of an RFC 9218 ``Priority`` field (a structured-field dictionary
+    with a ``u`` or ``i`` member: ``u=1, i``), or ``None`` if ``field`` is not one. The
+    last ``u`` wins (RFC 8941); one that is not an integer in 0..7 is ignored, as are
+    other members, and the urgency is then the default, 3."""
+    urgency = _RFC9218_DEFAULT_URGENCY
+    known = False
+    for member in field.split(","):
+        item = member.split(";", 1)[0].strip()  # parameters say nothing of urgency
+        key, equals, value = item.partition("=")
+        if not _SF_KEY.fullmatch(key):
+            return None
+        known = known or key in ("u", "i")
+        if key == "u":
+            value = value.strip()
+            if equals and _SF_INTEGER.fullmatch(value) and 0 <= int(value) <= 7:
+                urgency = int(value)
+            else:
+                urgency = _RFC9218_DEFAULT_URGENCY  # an invalid last u: ignored
+    return urgency if known else None
 
 
 #: Named priority classes understood by :func:`header_priority` (lower = more urgent).
@@ -87,24 +105,21 @@ def header_priority(
     }
 
     def priority(scope: Scope) -> int:
-        for key, raw in scope.get("headers", ()):
-            if key != header_bytes:
-                continue
-            value = raw.decode("latin-1").strip().lower()
-            if value in lowered:
-                number = lowered[value]
-            elif _INTEGER.fullmatch(value):
-                number = int(value)
-            else:
-                match = _URGENCY.search(value)
-                if match is not None:
-                    number = int(match.group(1))
-                elif _is_priority_field(value):
-                    number = _RFC9218_DEFAULT_URGENCY  # "i" alone: urgency left default
-                else:
-                    return default
-            return min(maximum, max(minimum, number))
-        return default
+        lines = [raw for key, raw in scope.get("headers", ()) if key == header_bytes]
+        if not lines:
+            return default
+        # Several field lines are one field, their values joined by commas (RFC 9110).
+        value = b", ".join(lines).decode("latin-1").strip().lower()
+        number: int | None
+        if value in lowered:
+            number = lowered[value]
+        elif _INTEGER.fullmatch(value):
+            number = int(value)
+        else:
+            number = _urgency(value)
+            if number is None:
+                return default
+        return min(maximum, max(minimum, number))
 
     return priority
 
@@ -348,8 +363,10 @@ class ConcurrencyLimitMiddleware(Observed):
         ):
             await self.app(scope, receive, send)
             return
-        if self._scope_app is not None and "app" not in scope:
-            scope["app"] = self._scope_app  # for route(): see scope_app_of
+        if self._scope_app is not None:
+            # For route(): see scope_app_of. Also under a Mount, whose parent app is
+            # there until the wrapped app sets itself.
+            scope["app"] = self._scope_app
         key: str | None = None
         if plan.key is not None:
             key = plan.key(scope)

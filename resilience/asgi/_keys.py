@@ -486,7 +486,7 @@ def route(templates: Iterable[str] = ()) -> Key:
 
         key = rs.asgi.client_ip() + rs.asgi.route()    # per client, per endpoint
     """
-    from ._rules import compile_pattern
+    from ._rules import compile_pattern, route_path
 
     if isinstance(templates, str):  # one template, not its characters
         templates = [templates]
@@ -505,8 +505,11 @@ def route(templates: Iterable[str] = ()) -> Key:
             except ImportError:  # pragma: no cover - routes without starlette
                 found = None
             return found if found is not None else "<unmatched>"
+        # Templates are written like the app's routes: without the prefix it is
+        # served under (a Mount, --root-path), as rules' patterns are.
+        local = route_path({"path": path, "root_path": root_path})
         for template, pattern in patterns:
-            if pattern.fullmatch(path):
+            if pattern.fullmatch(local):
                 return template
         return "<unmatched>" if patterns else path
 

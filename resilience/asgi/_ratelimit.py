@@ -335,8 +335,10 @@ class RateLimitMiddleware(Observed):
         if plan is None:
             await self.app(scope, receive, send)
             return
-        if self._scope_app is not None and "app" not in scope:
-            scope["app"] = self._scope_app  # for route(): see scope_app_of
+        if self._scope_app is not None:
+            # For route(): see scope_app_of. Also under a Mount, whose parent app is
+            # there until the wrapped app sets itself.
+            scope["app"] = self._scope_app
         key = plan.key(scope)
         if key is None:
             await self.app(scope, receive, send)

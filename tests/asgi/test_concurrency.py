@@ -328,10 +328,16 @@ def test_header_priority_parsing() -> None:
         "-5": 0,
         "99": 10,
         "garbage": 5,
+        "u=1, u=5": 5,  # a dictionary's last member wins (RFC 8941)
+        "u=1.5": 3,  # not an integer: ignored, the RFC's default urgency
+        "u=8": 3,  # out of 0..7: ignored
+        "u=2;x=1, foo": 2,  # parameters and unknown members ignored
     }
     for raw, expected in values.items():
         assert priority(http_scope(headers=[("priority", raw)])) == expected, raw
     assert priority(http_scope()) == 5
+    # Two field lines are one field, joined by a comma (RFC 9110): "i, u=1".
+    assert priority(http_scope(headers=[("priority", "i"), ("priority", "u=1")])) == 1
     with pytest.raises(ConfigurationError, match="default"):
         header_priority(default=42)
 
@@ -566,7 +572,8 @@ def test_a_priority_header_that_is_no_number_gives_the_default(value: str) -> No
     priority = header_priority("x-priority", default=5)
     scope = http_scope(headers=[("x-priority", value)])
     scope["headers"] = [(b"x-priority", value.encode("latin-1", "replace"))]
-    assert priority(scope) in (5, 10)  # the default, or u= clamped to the maximum
+    # The default; a Priority field whose u is no urgency (0..7) has RFC 9218's, 3.
+    assert priority(scope) == (3 if value.startswith("u=") else 5)
 
 
 async def test_a_request_without_priority_ranks_at_the_bulkhead_s_default() -> None:

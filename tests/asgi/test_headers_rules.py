@@ -164,6 +164,11 @@ def test_patterns() -> None:
     assert compile_pattern("/a.b").fullmatch("/a.b")
     assert not compile_pattern("/a.b").fullmatch("/axb")
     assert compile_pattern(re.compile(r"/v\d+/.*")).fullmatch("/v2/x")
+    # {u:uuid} like Starlette's convertor: with or without the dashes.
+    uuid = compile_pattern("/i/{u:uuid}")
+    assert uuid.fullmatch("/i/0a1b2c3d-0000-1111-2222-333344445555")
+    assert uuid.fullmatch("/i/0a1b2c3d000011112222333344445555")
+    assert not uuid.fullmatch("/i/0a1b2c3d")
     with pytest.raises(ConfigurationError, match="convertor"):
         compile_pattern("/x/{y:nope}")
 

@@ -233,6 +233,34 @@ async def test_route_keys_hold_when_a_middleware_wraps_the_app_from_outside() ->
     assert set(seen) == {"ip:127.0.0.1|route:GET /items/{id}"}
 
 
+@pytest.mark.anyio
+async def test_route_keys_hold_for_a_mounted_app_wrapped_from_outside() -> None:
+    """A middleware around a Starlette sub-app mounted at ``/v2``: the parent app is in
+    ``scope["app"]`` when the middleware runs, and its router knows no ``/a``; every
+    endpoint used to share one ``<unmatched>`` bucket. Templates, like rules, match the
+    path less the prefix the app is served under."""
+    import httpx
+    from starlette.applications import Starlette
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Mount, Route
+
+    from resilience.asgi import RateLimitMiddleware
+
+    async def endpoint(request: object) -> PlainTextResponse:
+        return PlainTextResponse("ok")
+
+    sub = Starlette(routes=[Route("/a", endpoint), Route("/b", endpoint)])
+    limited = RateLimitMiddleware(sub, limiter=rs.RateLimiter("1/minute"), key=route())
+    parent = Starlette(routes=[Mount("/v2", app=limited)])
+    transport = httpx.ASGITransport(app=parent)
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        statuses = [(await client.get(path)).status_code for path in ("/v2/a", "/v2/b", "/v2/a")]
+    assert statuses == [200, 200, 429]
+
+    key = route(["/items/{id}"])
+    assert key(http_scope("/v2/items/1", root_path="/v2")) == "route:GET /items/{id}"
+
+
 def test_route_keys_the_endpoints_of_fastapi_included_routers_apart() -> None:
     """Recent FastAPI keeps an ``include_router()`` as one branch without a path of its
     own: ``route()`` gave every endpoint of every included router the key ``GET ``
