@@ -90,8 +90,11 @@ def test_each_mode_under_each_fault(redis_server: RedisServer, mode: str, fault:
     assert len(slow) <= 4
     if slow:
         # a probe costs the timeout, not a multiple of it (the best case shows the
-        # mechanism; the worst case only has to show no hang on a loaded machine)
-        assert min(slow) <= LATENCY_BOUND
+        # mechanism; the worst case only has to show no hang on a loaded machine). After
+        # a restart the one slow call may also connect to the new server, which can
+        # still be starting: a connect timeout more (seen once: 99 ms).
+        bound = LATENCY_BOUND + (TIMEOUT if fault == "restarted-empty" else 0.0)
+        assert min(slow) <= bound
         assert max(slow) <= LATENCY_BOUND + 0.2
     if mode == "closed" and fault != "restarted-empty":
         assert failing
