@@ -19,6 +19,7 @@ Full jitter spreads retries the most and is the default of :class:`Retry`.
 
 Example::
 
+    >>> import itertools
     >>> from resilience import backoff
     >>> list(itertools.islice(backoff.exponential(0.1, cap=1.0), 5))
     [0.1, 0.2, 0.4, 0.8, 1.0]

@@ -102,3 +102,26 @@ def test_reprs_show_the_configuration_that_tells_objects_apart() -> None:
     middleware = RateLimitMiddleware(app, limiter=rs.RateLimiter("1/s"), name="api")
     assert repr(middleware).startswith("<RateLimitMiddleware 'api' app=")
     assert repr(middleware).endswith(".<locals>.app>")
+
+
+def test_every_docstring_doctest_runs() -> None:
+    """The ``>>>`` examples of the package's docstrings (the API pages show them) run as
+    written, with the docs' own ``import resilience as rs``."""
+    import doctest
+    import importlib
+    import pkgutil
+
+    import resilience
+
+    failed: list[str] = []
+    attempted = 0
+    for info in pkgutil.walk_packages(resilience.__path__, "resilience."):
+        module = importlib.import_module(info.name)
+        result = doctest.testmod(
+            module, extraglobs={"rs": resilience}, optionflags=doctest.ELLIPSIS, report=False
+        )
+        attempted += result.attempted
+        if result.failed:
+            failed.append(f"{info.name}: {result.failed} of {result.attempted}")
+    assert failed == []
+    assert attempted >= 15
