@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import reprlib
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Generic, ParamSpec, TypeVar, overload
@@ -117,6 +118,16 @@ class Fallback(PolicyBase, Generic[R]):
         self._value = value_or_callable
         self._takes_error = self._callable and _accepts_argument(value_or_callable)
         self._used = 0
+
+    def __repr__(self) -> str:
+        on = self._matches.types
+        what = "a predicate" if on is None else "(" + ", ".join(t.__name__ for t in on) + ")"
+        value = self._value
+        if callable(value):
+            gives = f"from {getattr(value, '__qualname__', None) or type(value).__name__}"
+        else:
+            gives = reprlib.repr(value)
+        return f"<Fallback {self.name!r} on={what} returns {gives}>"
 
     def _absorbs(self, error: type[BaseException]) -> bool:
         """Whether every ``error`` (a Rejected type) is answered with the degraded

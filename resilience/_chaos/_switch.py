@@ -19,8 +19,8 @@ from .._deferred import arm
 
 __all__ = ["ENV_VAR", "disabled", "enabled", "env_enabled", "is_enabled"]
 
-#: The environment variable that turns fault injection on for the whole process.
 ENV_VAR = "RESILIENCE_CHAOS"
+"""The environment variable that turns fault injection on for the whole process."""
 
 _FALSE = ("", "0", "false", "no", "off")
 _TRUE = ("1", "true", "yes", "on")
@@ -52,8 +52,8 @@ CHAOS: ContextVar[bool] = ContextVar("resilience_chaos", default=env_enabled()) 
 if CHAOS.get():
     arm()
 
-#: Bound once: the whole cost of a disabled injector is calling this.
 chaos_active = CHAOS.get
+"""Bound once: the whole cost of a disabled injector is calling this."""
 
 
 def is_enabled() -> bool:

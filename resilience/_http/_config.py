@@ -32,25 +32,25 @@ __all__ = [
     "resolve",
 ]
 
-#: Methods RFC 9110 §9.2.2 calls idempotent: the only ones retried or hedged by default.
 IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE", "TRACE"})
-#: The request extension holding a bulkhead priority (lower is served first):
-#: ``client.get(url, extensions={PRIORITY: 0})``.
+"""Methods RFC 9110 §9.2.2 calls idempotent: the only ones retried or hedged by default."""
 PRIORITY = "resilience.priority"
-#: Response statuses retried by default.
+"""The request extension holding a bulkhead priority (lower is served first):
+``client.get(url, extensions={PRIORITY: 0})``."""
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
-#: Exceptions retried by default: timeouts, network errors, a connection closed early.
+"""Response statuses retried by default."""
 RETRY_ON: tuple[type[Exception], ...] = (
     httpx.TimeoutException,
     httpx.NetworkError,
     httpx.RemoteProtocolError,
 )
+"""Exceptions retried by default: timeouts, network errors, a connection closed early."""
 
 BulkheadSpec: TypeAlias = "Bulkhead | int | Literal[False] | None"
 LimiterSpec: TypeAlias = "RateLimiter | Rate | str | Literal[False] | None"
 BreakerSpec: TypeAlias = "CircuitBreaker | bool | None"
-#: The policies of a host, resolved: (bulkhead, limiter, breaker).
 Policies: TypeAlias = "tuple[Bulkhead | None, RateLimiter | None, CircuitBreaker | None]"
+"""The policies of a host, resolved: (bulkhead, limiter, breaker)."""
 
 
 @dataclass(frozen=True, slots=True)

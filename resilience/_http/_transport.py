@@ -328,7 +328,16 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observab
         )
 
     def __repr__(self) -> str:
-        return f"<ResilientTransport {self.name!r} inner={self._inner!r}>"
+        inner = "default" if self._inner is None else type(self._inner).__name__
+        parts = [f"<ResilientTransport {self.name!r} inner={inner} attempts={self.attempts}"]
+        for label, policy in zip(("bulkhead", "limiter", "breaker"), self._default, strict=True):
+            if policy is not None:
+                parts.append(f"{label}={policy!r}")
+        if self._hedging:
+            parts.append("hedging")
+        if self._overrides:
+            parts.append(f"hosts={len(self._overrides)}")
+        return " ".join(parts) + ">"
 
     # -- the core: decisions shared by both shells ---------------------------------------
 

@@ -16,4 +16,9 @@ class Observed(Observable):
     def __repr__(self) -> str:
         app = getattr(self, "app", None)
         inner = getattr(app, "__qualname__", None) or type(app).__name__
-        return f"<{type(self).__name__} {self.name!r} app={inner}>"
+        details = "".join(f" {part}" for part in self._configured())
+        return f"<{type(self).__name__} {self.name!r} app={inner}{details}>"
+
+    def _configured(self) -> list[str]:
+        """What the repr shows of the middleware's configuration."""
+        return []

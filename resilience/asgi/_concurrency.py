@@ -66,8 +66,8 @@ def _urgency(field: str) -> int | None:
     return urgency if known else None
 
 
-#: Named priority classes understood by :func:`header_priority` (lower = more urgent).
 PRIORITY_CLASSES: Mapping[str, int] = {"interactive": 0, "default": 5, "batch": 10}
+"""Named priority classes understood by :func:`header_priority` (lower = more urgent)."""
 
 
 def header_priority(
@@ -124,8 +124,9 @@ def header_priority(
     return priority
 
 
-#: ``max_queue="auto"``: at least this many may wait (more if the bulkhead has more slots).
 AUTO_QUEUE = 64
+"""``max_queue="auto"``: at least this many may wait (more if the bulkhead has more
+slots)."""
 
 
 class _Waiter:
@@ -343,6 +344,12 @@ class ConcurrencyLimitMiddleware(Observed):
         Example: ``middleware.statistics()   # {"shed": 12}``
         """
         return {"shed": self.shed}
+
+    def _configured(self) -> list[str]:
+        parts = [f"bulkhead={self._default.policy!r}"]
+        if self._match is not None:
+            parts.append(f"rules={len(self._plans)}")
+        return parts
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]

@@ -39,8 +39,8 @@ __all__ = [
     "user",
 ]
 
-#: What a middleware accepts as ``key=``: a :class:`Key` or any ``scope -> str | None``.
 KeyFunction = Callable[[Scope], str | None]
+"""What a middleware accepts as ``key=``: a :class:`Key` or any ``scope -> str | None``."""
 
 
 class Key:

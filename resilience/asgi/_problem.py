@@ -19,12 +19,12 @@ __all__ = [
     "Problem",
 ]
 
-#: The ``type`` of a 429 problem body (RFC 9457, IANA HTTP Problem Types).
-#: Example: ``problem["type"] == QUOTA_EXCEEDED``
 QUOTA_EXCEEDED = "https://iana.org/assignments/http-problem-types#quota-exceeded"
-#: The ``type`` of a 503 problem body (load shed, or the limiter's backend is down).
-#: Example: ``problem["type"] == REDUCED_CAPACITY``
+"""The ``type`` of a 429 problem body (RFC 9457, IANA HTTP Problem Types). Example:
+``problem["type"] == QUOTA_EXCEEDED``"""
 REDUCED_CAPACITY = "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity"
+"""The ``type`` of a 503 problem body (load shed, or the limiter's backend is down).
+Example: ``problem["type"] == REDUCED_CAPACITY``"""
 
 Header = tuple[bytes, bytes]
 

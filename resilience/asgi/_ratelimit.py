@@ -296,6 +296,14 @@ class RateLimitMiddleware(Observed):
         #: Backend errors (``on_backend_error="closed"``) met so far.
         self.backend_errors = 0
 
+    def _configured(self) -> list[str]:
+        parts = [f"limiter={None if self._default is None else self._default.limiter!r}"]
+        if self._match is not None:
+            parts.append(f"rules={len(self._plans)}")
+        if self.shadow:
+            parts.append("shadow")
+        return parts
+
     def statistics(self) -> dict[str, int]:
         """Counters since construction.
 

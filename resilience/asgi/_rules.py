@@ -38,11 +38,11 @@ class _Unset(enum.Enum):
         return "UNSET"
 
 
-#: Marks a :class:`Rule` option as "not overridden" (distinct from ``None``).
 UNSET: Final = _Unset.UNSET
+"""Marks a :class:`Rule` option as "not overridden" (distinct from ``None``)."""
 
-#: The ASGI scope types a rule can name.
 SCOPE_TYPES: Final = frozenset({"http", "websocket"})
+"""The ASGI scope types a rule can name."""
 
 _PARAM = re.compile(r"\{([a-zA-Z_][a-zA-Z0-9_]*)(?::([a-zA-Z_]+))?\}")
 _CONVERTORS = {

@@ -89,6 +89,12 @@ class TimeoutMiddleware(Observed):
             504, "about:blank", "Gateway Timeout", detail="the request did not complete in time"
         )
 
+    def _configured(self) -> list[str]:
+        parts = [f"seconds={self.seconds:g}" if self.seconds is not None else "seconds=None"]
+        if self._match is not None:
+            parts.append(f"rules={len(self._match.rules)}")
+        return parts
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)

@@ -8,18 +8,20 @@ from typing import Any
 
 __all__ = ["ASGIApp", "Message", "Receive", "Scope", "Send", "ends_response"]
 
-#: The connection scope an ASGI server passes to the app (``scope["type"]``,
-#: ``scope["path"]``, ...). Example: ``def key(scope: Scope) -> str | None: ...``
 Scope = MutableMapping[str, Any]
-#: One ASGI event, received or sent. Example: ``{"type": "http.response.body", "body": b""}``
+"""The connection scope an ASGI server passes to the app (``scope["type"]``,
+``scope["path"]``, ...). Example: ``def key(scope: Scope) -> str | None: ...``"""
 Message = MutableMapping[str, Any]
-#: The awaitable that returns the next incoming message. Example: ``message = await receive()``
+"""One ASGI event, received or sent. Example: ``{"type": "http.response.body", "body":
+b""}``"""
 Receive = Callable[[], Awaitable[Message]]
-#: The awaitable that sends one message to the client. Example: ``await send(message)``
+"""The awaitable that returns the next incoming message. Example: ``message = await
+receive()``"""
 Send = Callable[[Message], Awaitable[None]]
-#: An ASGI 3 application, which every middleware here is and wraps.
-#: Example: ``async def app(scope: Scope, receive: Receive, send: Send) -> None: ...``
+"""The awaitable that sends one message to the client. Example: ``await send(message)``"""
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+"""An ASGI 3 application, which every middleware here is and wraps. Example: ``async def
+app(scope: Scope, receive: Receive, send: Send) -> None: ...``"""
 
 
 def ends_response(message: Message) -> bool:

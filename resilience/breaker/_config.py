@@ -99,7 +99,7 @@ class BreakerConfig:
             raise ConfigurationError(
                 f"min_calls must be <= window ({window}) for a count window, got {min_calls}"
             )
-        slow_call = check_number("slow_call", slow_call, minimum=0.0, allow_none=True)
+        slow_call = check_number("slow_call", slow_call, minimum=0.0, strict=True, allow_none=True)
         slow_call_rate = check_probability("slow_call_rate", slow_call_rate)
         if slow_call is not None and slow_call_rate == 0:
             raise ConfigurationError("slow_call_rate must be a number in (0, 1], got 0")

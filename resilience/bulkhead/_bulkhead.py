@@ -602,8 +602,14 @@ class Bulkhead(PolicyBase):
             self._remote.close()
 
     def __repr__(self) -> str:
-        where = "" if self._remote is None else " redis"
-        return f"<Bulkhead {self.name!r} max_concurrent={self.max_concurrent}{where}>"
+        parts = [f"<Bulkhead {self.name!r} max_concurrent={self.max_concurrent}"]
+        if self.max_wait:
+            parts.append(f"max_wait={self.max_wait:g}")
+        if self._key is not None:
+            parts.append("keyed")
+        if self._remote is not None:
+            parts.append("redis")
+        return " ".join(parts) + ">"
 
     # ------------------------------------------------------------------ waiting
 

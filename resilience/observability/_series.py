@@ -51,7 +51,6 @@ __all__ = [
     "samples",
 ]
 
-#: Histogram bucket upper bounds in seconds: fine enough for p50/p95/p99 from 0.5 ms to 60 s.
 DEFAULT_BUCKETS: tuple[float, ...] = (
     0.0005,
     0.001,
@@ -70,6 +69,8 @@ DEFAULT_BUCKETS: tuple[float, ...] = (
     30.0,
     60.0,
 )
+"""Histogram bucket upper bounds in seconds: fine enough for p50/p95/p99 from 0.5 ms to 60
+s."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +99,8 @@ EVENTS = Series(
     "Events emitted by resilience policies, by event type.",
     ("policy", "event"),
 )
+"""The ``resilience.events`` counter (Prometheus ``resilience_events``): events emitted by
+resilience policies, by event type."""
 DECISIONS = Series(
     "resilience.decisions",
     "resilience_decisions",
@@ -106,6 +109,8 @@ DECISIONS = Series(
     "Admission decisions of limiters, bulkheads and breakers, by outcome.",
     ("policy", "outcome"),
 )
+"""The ``resilience.decisions`` counter (Prometheus ``resilience_decisions``): admission
+decisions of limiters, bulkheads and breakers, by outcome."""
 REJECTIONS = Series(
     "resilience.rejections",
     "resilience_rejections",
@@ -114,6 +119,8 @@ REJECTIONS = Series(
     "Calls refused before they started (rate limited, bulkhead full, circuit open).",
     ("policy",),
 )
+"""The ``resilience.rejections`` counter (Prometheus ``resilience_rejections``): calls
+refused before they started (rate limited, bulkhead full, circuit open)."""
 FALLBACKS = Series(
     "resilience.fallbacks",
     "resilience_fallbacks",
@@ -122,6 +129,8 @@ FALLBACKS = Series(
     "Fallbacks: backend failures handled by on_backend_error, and fallback results.",
     ("policy", "mode"),
 )
+"""The ``resilience.fallbacks`` counter (Prometheus ``resilience_fallbacks``): fallbacks:
+backend failures handled by on_backend_error, and fallback results."""
 RECOVERIES = Series(
     "resilience.backend.recoveries",
     "resilience_backend_recoveries",
@@ -130,6 +139,8 @@ RECOVERIES = Series(
     "Shared backends answering again after a failure.",
     ("policy",),
 )
+"""The ``resilience.backend.recoveries`` counter (Prometheus
+``resilience_backend_recoveries``): shared backends answering again after a failure."""
 STATE_CHANGES = Series(
     "resilience.state_changes",
     "resilience_state_changes",
@@ -138,6 +149,8 @@ STATE_CHANGES = Series(
     "State transitions of stateful policies (circuit breakers).",
     ("policy", "from", "to"),
 )
+"""The ``resilience.state_changes`` counter (Prometheus ``resilience_state_changes``): state
+transitions of stateful policies (circuit breakers)."""
 RETRIES = Series(
     "resilience.retries",
     "resilience_retries",
@@ -146,6 +159,8 @@ RETRIES = Series(
     "Retries scheduled, and retry loops that gave up.",
     ("policy", "outcome"),
 )
+"""The ``resilience.retries`` counter (Prometheus ``resilience_retries``): retries
+scheduled, and retry loops that gave up."""
 TIMEOUTS = Series(
     "resilience.timeouts",
     "resilience_timeouts",
@@ -154,6 +169,8 @@ TIMEOUTS = Series(
     "Calls and requests cut off by a timeout.",
     ("policy",),
 )
+"""The ``resilience.timeouts`` counter (Prometheus ``resilience_timeouts``): calls and
+requests cut off by a timeout."""
 CALL_DURATION = Series(
     "resilience.call.duration",
     "resilience_call_duration_seconds",
@@ -162,6 +179,8 @@ CALL_DURATION = Series(
     "Duration of calls observed by a policy.",
     ("policy", "outcome"),
 )
+"""The ``resilience.call.duration`` histogram (Prometheus
+``resilience_call_duration_seconds``): duration of calls observed by a policy."""
 WAIT_DURATION = Series(
     "resilience.wait.duration",
     "resilience_wait_duration_seconds",
@@ -170,8 +189,10 @@ WAIT_DURATION = Series(
     "Time spent waiting for admission (limiter tokens, bulkhead slots).",
     ("policy",),
 )
+"""The ``resilience.wait.duration`` histogram (Prometheus
+``resilience_wait_duration_seconds``): time spent waiting for admission (limiter tokens,
+bulkhead slots)."""
 
-#: Every series, in export order.
 SERIES: tuple[Series, ...] = (
     EVENTS,
     DECISIONS,
@@ -184,9 +205,10 @@ SERIES: tuple[Series, ...] = (
     CALL_DURATION,
     WAIT_DURATION,
 )
+"""Every series, in export order."""
 
-#: ``(series, value, label values in series.labels order)``
 Sample = tuple[Series, float, tuple[str, ...]]
+"""``(series, value, label values in series.labels order)``"""
 
 
 def _number(value: object) -> float | None:

@@ -649,4 +649,13 @@ class RateLimiter(PolicyBase):
         return RateLimiterStatistics(**{k: v for k, v in fields.items() if k in known})
 
     def __repr__(self) -> str:
-        return f"<RateLimiter {self.name!r} {self.rate} burst={self.burst}>"
+        parts = [f"<RateLimiter {self.name!r} {self.rate} burst={self.burst}"]
+        if self._algorithm != "token-bucket":
+            parts.append(f"algorithm={self._algorithm}")
+        if self.max_wait:
+            parts.append(f"max_wait={self.max_wait:g}")
+        if self._key_fn is not None:
+            parts.append("keyed")
+        if self._failover is not None:
+            parts.append(f"shared on_backend_error={self._failover.mode}")
+        return " ".join(parts) + ">"

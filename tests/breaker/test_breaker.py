@@ -60,6 +60,7 @@ def succeed_n(breaker: CircuitBreaker, n: int, *args: Any) -> None:
         ({"max_half_open_wait": 0}, "max_half_open_wait"),
         ({"consecutive_failures": 0}, "consecutive_failures"),
         ({"slow_call": -0.1}, "slow_call"),
+        ({"slow_call": 0}, "slow_call"),  # every call slow: opens on healthy calls
         ({"failure_rate": None}, "never trip"),
         ({"exclude": "oops"}, "exclude"),
         ({"record": (ValueError, 3)}, "record"),
