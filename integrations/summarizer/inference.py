@@ -171,8 +171,12 @@ class Summarizer:
                 permit.failure(exc)
                 key = f"{tier}_error:{type(exc).__name__}"
                 self.calls[key] = self.calls.get(key, 0) + 1
-                if out.deltas:  # cut mid-stream: keep what was said, mark it
-                    out.push("… ")
+                if out.deltas:
+                    # Cut mid-stream: what was streamed stays (it cannot be taken back),
+                    # and the segment is completed by its extractive summary, which is
+                    # what the label then says.
+                    self.calls["extractive"] += 1
+                    out.push("… " + extract(text, 1) + " ")
                     out.finish("extractive")
                     return
                 continue

@@ -314,9 +314,9 @@ class Pipeline:
         job.summary = str(cached.get("summary", ""))
         job.status = "done"
         self.counts["cache_hits"] += 1
-        job.inference_started = time.monotonic()
+        # No inference ran: no first-token time (it would pull the model's latency
+        # histogram down as the cache hit rate rises).
         job.emit("inference", {"segments": 0, "cached": True})
-        job.first_token = time.monotonic()
         job.emit("token", {"text": job.summary})
 
     # -- one stage ----------------------------------------------------------------

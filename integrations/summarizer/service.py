@@ -149,7 +149,8 @@ class Service:
             body = await request.json()
             url = str(body["url"])
             domain, video_id = parse_url(url, self.cfg.domains)
-        except (ValueError, KeyError, TypeError, BadRequest) as exc:
+        except (ValueError, KeyError, TypeError, BadRequest, RecursionError) as exc:
+            # RecursionError: JSON nested too deep for the parser (a 500 otherwise).
             return JSONResponse({"error": str(exc) or "bad request"}, status_code=422)
         # One spelling per video (scheme, host case, port, query, fragment and slashes
         # aside): the job table, the caches and the media directory must agree on what

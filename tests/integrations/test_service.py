@@ -304,6 +304,18 @@ def test_a_priority_that_is_no_number_gets_the_default_not_a_500(make_service, p
     assert response.status_code == 202
 
 
+def test_json_nested_too_deep_is_a_422_not_a_500(make_service):
+    """A body nested deeper than the JSON parser's recursion goes is bad input, like any
+    other malformed body (it raised RecursionError: a 500, and the keep-alive connection
+    closed under the client's next request)."""
+    svc = make_service()
+    body = "[" * 100_000 + "]" * 100_000
+    headers = {"content-type": "application/json", "x-user": "tester"}
+    response = svc.client.post("/summaries", content=body, headers=headers)
+    assert response.status_code == 422
+    assert svc.client.get("/healthz").json()["status"] == "ok"  # same connection, alive
+
+
 def test_media_left_by_degraded_jobs_are_kept_for_max_leftover_media_urls(make_service, models):
     """Degraded and failed jobs leave their media for a resume, but only for the
     ``max_leftover_media`` most recently ended URLs: a long model outage degrading every
