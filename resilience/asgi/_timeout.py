@@ -36,6 +36,9 @@ class TimeoutMiddleware(Observed):
       cancelled at once (a sync endpoint in a worker thread: the thread runs on, its
       late answer is dropped, and the request ends when it does); on trio it goes out
       when the application has ended (a late answer is dropped there too).
+    * The application still waits for a request body the client is slow to send: the
+      client gets ``408`` (with ``Connection: close``) instead, the slow party being
+      the client.
     * The response is streaming: the application is cancelled and the response is
       ended cleanly (a final empty body chunk), so the client sees a complete, if
       truncated, response instead of a reset connection.
@@ -55,7 +58,17 @@ class TimeoutMiddleware(Observed):
         ])
     """
 
-    __slots__ = ("_clock", "_listeners", "_match", "_problem", "_timers", "app", "name", "seconds")
+    __slots__ = (
+        "_clock",
+        "_listeners",
+        "_match",
+        "_problem",
+        "_slow_client",
+        "_timers",
+        "app",
+        "name",
+        "seconds",
+    )
 
     def __init__(
         self,
@@ -87,6 +100,12 @@ class TimeoutMiddleware(Observed):
         self._listeners: list[Listener] = []
         self._problem = Problem(
             504, "about:blank", "Gateway Timeout", detail="the request did not complete in time"
+        )
+        self._slow_client = Problem(
+            408,
+            "about:blank",
+            "Request Timeout",
+            detail="the request body did not arrive in time",
         )
 
     def _configured(self) -> list[str]:
@@ -131,12 +150,28 @@ class TimeoutMiddleware(Observed):
         # answers 504 at once, which the app's task cannot do while it waits on a thread.
         loop = _get_running_loop()
         answer: Any = None  # the task sending the 504 at the deadline
+        # The app waits for the request body, which has not all arrived: when time runs
+        # out then, the client is the slow party (408, not 504).
+        reading = False
+        read = False
+
+        def problem() -> Problem:
+            return self._slow_client if reading and not read else self._problem
+
+        async def receive_wrapper() -> Message:
+            nonlocal reading, read
+            reading = True
+            message = await receive()  # cut here: ``reading`` stays set
+            reading = False
+            if message["type"] == "http.request" and not message.get("more_body", False):
+                read = True
+            return message
 
         def expire() -> None:
             nonlocal answer
             cancel_scope.cancel()
             if not started and answer is None and loop is not None:
-                answer = loop.create_task(self._problem.send(send))
+                answer = loop.create_task(_answer(problem(), send))
 
         timer: Any = None
         if self._timers:
@@ -174,7 +209,7 @@ class TimeoutMiddleware(Observed):
 
         try:
             with cancel_scope:
-                await self.app(scope, receive, send_wrapper)
+                await self.app(scope, receive_wrapper, send_wrapper)
         except Exception:
             if ended or not cancel_scope.cancel_called:
                 raise
@@ -207,7 +242,7 @@ class TimeoutMiddleware(Observed):
             await _settle(answer)
             return
         if not started:
-            await self._problem.send(send)
+            await _answer(problem(), send)
             return
         if _declares_length(start_headers):
             # A body shorter than its declared length cannot end cleanly: returning lets
@@ -220,6 +255,15 @@ class TimeoutMiddleware(Observed):
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
             except Exception:  # best effort: the client went away, or the server refused
                 pass
+
+
+async def _answer(problem: Problem, send: Send) -> None:
+    """Send ``problem`` at the deadline; a 408 also closes the connection, whose unread
+    body could not be told from the next request."""
+    await problem.send(send, _CLOSE if problem.status == 408 else ())
+
+
+_CLOSE = ((b"connection", b"close"),)
 
 
 async def _settle(answer: Any) -> None:

@@ -177,6 +177,55 @@ async def test_a_file_sent_whole_completes_the_response() -> None:
     assert events == []
 
 
+@pytest.mark.parametrize("body_arrives", [False, True])
+async def test_a_body_that_does_not_arrive_in_time_is_the_client_s_408(
+    body_arrives: bool,
+) -> None:
+    """Time runs out while the app waits for a request body the client is slow to send:
+    the client is the slow party, so 408 (with ``Connection: close``: its unread body
+    must not be taken for the next request), not a 504 that counts against the server.
+    Once the body is in, an app that overruns gets its 504."""
+    clock = FakeClock()
+    waiting = anyio.Event()
+    sent: list[dict[str, Any]] = []
+    chunks = [
+        {"type": "http.request", "body": b"part", "more_body": not body_arrives},
+    ]
+
+    async def receive() -> dict[str, Any]:
+        if chunks:
+            return chunks.pop(0)
+        waiting.set()
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    async def reader(scope: Any, receive: Any, send: Any) -> None:
+        message = await receive()
+        while message.get("more_body"):
+            message = await receive()
+        waiting.set()
+        await anyio.sleep_forever()  # working on the request: the server's time
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    middleware = TimeoutMiddleware(reader, seconds=5, clock=clock)
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(middleware, http_scope("/upload", method="POST"), receive, send)
+            await waiting.wait()
+            clock.advance(5)
+    result = Result(sent)
+    assert result.complete
+    if body_arrives:
+        assert result.status == 504
+        assert result.header("connection") is None
+    else:
+        assert result.status == 408
+        assert result.header("connection") == "close"
+        assert b"did not arrive in time" in result.body
+
+
 async def test_no_timeout_before_the_deadline() -> None:
     """Advancing less than ``seconds`` leaves the request alone."""
     clock = FakeClock()
