@@ -440,11 +440,11 @@ def _rejecting(retry: Any, inner: list[Any]) -> list[Any]:
     answered: list[Fallback[Any]] = []
     for policy in inner:
         kind = getattr(policy, "rejection", None) or Rejected
-        own = getattr(policy, "_fallback", None)
+        own = getattr(policy, "_fallback", None)  # a breaker's fallback=
         if (
             getattr(policy, "raises_rejected", False)
             and retry._may_retry(kind)
-            and not any(f._absorbs(kind) for f in (*answered, own) if f is not None)
+            and not any(f._absorbs(kind) for f in (*answered, own) if isinstance(f, Fallback))
         ):
             found.append(policy)
         if isinstance(policy, Fallback):

@@ -220,7 +220,7 @@ class Timeout(PolicyBase, ResilienceError, TimeoutError):
         return error
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (Timeout, (self.seconds,))
+        return (_restore_timeout, (self.seconds, self.args))
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else f"timed out after {self.seconds:g}s"
@@ -433,3 +433,11 @@ class Timeout(PolicyBase, ResilienceError, TimeoutError):
         Example: ``rs.Timeout(1).statistics().timed_out == 0``
         """
         return TimeoutStatistics(self._timed_out)
+
+
+def _restore_timeout(seconds: float, args: tuple[Any, ...]) -> Timeout:
+    """A pickled or copied :class:`Timeout`, its message included (a spent deadline's
+    says so; it came back as "timed out after ...")."""
+    error = Timeout(seconds)
+    error.args = args
+    return error

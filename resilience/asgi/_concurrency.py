@@ -370,19 +370,21 @@ class ConcurrencyLimitMiddleware(Observed):
         ):
             await self.app(scope, receive, send)
             return
-        if self._scope_app is not None:
-            # For route(): see scope_app_of. Also under a Mount, whose parent app is
-            # there until the wrapped app sets itself.
-            scope["app"] = self._scope_app
+        keyed = scope
+        if self._scope_app is not None and scope.get("app") is not self._scope_app:
+            # route() reads the wrapped app's routes from scope["app"], which that app
+            # sets only once it runs (see scope_app_of): the keys see it now, on a copy;
+            # the scope stays as it is (under a Mount, the parent app is in it).
+            keyed = {**scope, "app": self._scope_app}
         key: str | None = None
         if plan.key is not None:
-            key = plan.key(scope)
+            key = plan.key(keyed)
             if key is None:
                 await self.app(scope, receive, send)
                 return
             if self._hash:
                 key = cached_digest(key)
-        priority = plan.priority if plan.priority_fn is None else plan.priority_fn(scope)
+        priority = plan.priority if plan.priority_fn is None else plan.priority_fn(keyed)
         observed = bool(GLOBAL_LISTENERS or self._listeners)
         started = self._clock.monotonic() if observed else 0.0
         try:

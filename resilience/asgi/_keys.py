@@ -539,7 +539,8 @@ def scope_app_of(app: Any) -> Any:
     find the routes. A middleware wrapped around it from outside
     (``RateLimitMiddleware(app, ...)`` rather than ``app.add_middleware``), directly or
     through other middlewares (followed by their ``app`` attribute), computes its keys
-    before that happens, so it sets the same value first: the app would set it anyway.
+    before that happens, so its key functions get a copy of the scope with this app in
+    it (the scope itself is left alone: under a ``Mount`` it holds the parent app).
     """
     starlette = sys.modules.get("starlette.applications")
     if starlette is None:

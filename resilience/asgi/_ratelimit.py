@@ -343,11 +343,13 @@ class RateLimitMiddleware(Observed):
         if plan is None:
             await self.app(scope, receive, send)
             return
-        if self._scope_app is not None:
-            # For route(): see scope_app_of. Also under a Mount, whose parent app is
-            # there until the wrapped app sets itself.
-            scope["app"] = self._scope_app
-        key = plan.key(scope)
+        keyed = scope
+        if self._scope_app is not None and scope.get("app") is not self._scope_app:
+            # route() reads the wrapped app's routes from scope["app"], which that app
+            # sets only once it runs (see scope_app_of): the keys see it now, on a copy;
+            # the scope stays as it is (under a Mount, the parent app is in it).
+            keyed = {**scope, "app": self._scope_app}
+        key = plan.key(keyed)
         if key is None:
             await self.app(scope, receive, send)
             return
@@ -367,7 +369,7 @@ class RateLimitMiddleware(Observed):
             # The fields of Decision.remaining and .reset_after, from the ticks until full.
             extra = plan.full_fields if fill == plan.full_fill else plan.admitted_fields(fill)
         else:
-            cost = plan.cost if plan.cost_fn is None else plan.cost_fn(scope)
+            cost = plan.cost if plan.cost_fn is None else plan.cost_fn(keyed)
             try:
                 if plan.decide is not None:
                     decision = plan.decide(key, cost)

@@ -161,7 +161,13 @@ class TimeoutMiddleware(Observed):
         async def receive_wrapper() -> Message:
             nonlocal reading, read
             reading = True
-            message = await receive()  # cut here: ``reading`` stays set
+            try:
+                message = await receive()
+            except BaseException:
+                # Cut by our deadline: still waiting for the body. Cancelled by the app
+                # itself (Starlette's is_disconnected() polls in a cancelled scope): not.
+                reading = cancel_scope.cancel_called
+                raise
             reading = False
             if message["type"] == "http.request" and not message.get("more_body", False):
                 read = True

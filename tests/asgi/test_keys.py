@@ -261,6 +261,41 @@ async def test_route_keys_hold_for_a_mounted_app_wrapped_from_outside() -> None:
     assert key(http_scope("/v2/items/1", root_path="/v2")) == "route:GET /items/{id}"
 
 
+@pytest.mark.anyio
+async def test_keying_leaves_the_scope_s_app_alone() -> None:
+    """The wrapped app is handed to the key functions on a copy of the scope: what the
+    scope holds is left as the server or a parent app set it (a middleware between ours
+    and a mounted sub-app reads the parent in ``request.app``, as without ours; it used
+    to find the sub-app there and miss the parent's state)."""
+    import httpx
+    from starlette.applications import Starlette
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Mount, Route
+
+    from resilience.asgi import ConcurrencyLimitMiddleware, RateLimitMiddleware
+
+    seen: list[Any] = []
+
+    async def endpoint(request: object) -> PlainTextResponse:
+        return PlainTextResponse("ok")
+
+    sub = Starlette(routes=[Route("/hello", endpoint)])
+
+    async def spy(scope: Any, receive: Any, send: Any) -> None:
+        seen.append(scope.get("app"))
+        await sub(scope, receive, send)
+
+    spy.app = sub  # type: ignore[attr-defined]  # a middleware, as scope_app_of follows
+    keyed = client_ip() + route()
+    limited = RateLimitMiddleware(spy, limiter=rs.RateLimiter("100/s"), key=keyed)
+    shed = ConcurrencyLimitMiddleware(limited, bulkhead=rs.Bulkhead(4), key=keyed)
+    parent = Starlette(routes=[Mount("/api", app=shed)])
+    transport = httpx.ASGITransport(app=parent)
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        assert (await client.get("/api/hello")).status_code == 200
+    assert seen == [parent]
+
+
 def test_route_keys_the_endpoints_of_fastapi_included_routers_apart() -> None:
     """Recent FastAPI keeps an ``include_router()`` as one branch without a path of its
     own: ``route()`` gave every endpoint of every included router the key ``GET ``

@@ -226,6 +226,38 @@ async def test_a_body_that_does_not_arrive_in_time_is_the_client_s_408(
         assert b"did not arrive in time" in result.body
 
 
+async def test_a_receive_the_app_cancels_itself_is_no_slow_client() -> None:
+    """An app that polls for a disconnect in a scope it cancels at once (Starlette's
+    ``request.is_disconnected()``), then overruns, gets its 504: that cancellation is
+    the app's, not a body still on its way (it read as one: a 408 that closed the
+    connection, when the server's receive checkpoints)."""
+    clock = FakeClock()
+    polled = anyio.Event()
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        await anyio.lowlevel.checkpoint()  # a server whose receive always yields
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def polling(scope: Any, receive: Any, send: Any) -> None:
+        with anyio.CancelScope() as poll:
+            poll.cancel()
+            await receive()
+        polled.set()
+        await anyio.sleep_forever()
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    middleware = TimeoutMiddleware(polling, seconds=5, clock=clock)
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(middleware, http_scope("/poll"), receive, send)
+            await polled.wait()
+            clock.advance(5)
+    assert Result(sent).status == 504
+
+
 async def test_no_timeout_before_the_deadline() -> None:
     """Advancing less than ``seconds`` leaves the request alone."""
     clock = FakeClock()

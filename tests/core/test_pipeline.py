@@ -359,6 +359,27 @@ def test_the_retry_after_warning_skips_rejections_a_fallback_answers() -> None:
         )
 
 
+def test_a_policy_with_its_own_fallback_attribute_is_no_fallback() -> None:
+    """Only a Fallback answers rejections for the order check: a user's policy with a
+    ``_fallback`` attribute of its own is left alone (Pipeline raised AttributeError)."""
+
+    class Gate(rs.PolicyBase):
+        raises_rejected = True
+
+        def __init__(self) -> None:
+            super().__init__()
+            self._fallback = lambda: "mine"
+
+        def call(self, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+            return fn(*args, **kwargs)
+
+        async def call_async(self, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+            return await fn(*args, **kwargs)
+
+    with pytest.warns(rs.PipelineOrderWarning, match="retry_after"):
+        rs.Pipeline(rs.Retry(on=rs.Rejected, respect_retry_after=False), Gate())
+
+
 def test_recommended_pipeline_degrades_end_to_end(fake_clock: FakeClock) -> None:
     """Fallback -> Retry(deadline) -> Timeout: a dead dependency yields the fallback."""
     calls = 0

@@ -131,6 +131,24 @@ async def test_a_call_that_gets_no_time_says_so(fake_clock: FakeClock) -> None:
     assert timeout.statistics().timed_out == 3
 
 
+def test_a_timeout_error_keeps_its_message_when_pickled_or_copied(fake_clock: FakeClock) -> None:
+    """A spent deadline's message survives pickling (a process pool) and copying; it
+    came back as "timed out after 5s"."""
+    import copy
+    import pickle
+
+    timeout = rs.Timeout(5.0, clock=fake_clock)
+    with rs.deadline(1.0, clock=fake_clock):
+        fake_clock.advance(1.0)
+        with pytest.raises(rs.Timeout) as info:
+            timeout.call(lambda: None)
+    for again in (pickle.loads(pickle.dumps(info.value)), copy.copy(info.value)):
+        assert str(again) == str(info.value)
+        assert "deadline had passed" in str(again)
+        assert again.seconds == 5.0
+    assert str(pickle.loads(pickle.dumps(rs.Timeout(2.5)))) == "timed out after 2.5s"
+
+
 @pytest.mark.anyio
 async def test_a_spent_deadline_reads_the_same_on_the_real_clock() -> None:
     """The same on the real clock, where async calls take another path."""
