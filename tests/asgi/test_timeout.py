@@ -38,6 +38,25 @@ async def run_until_started(
     return results[0]
 
 
+async def sent_past_the_deadline(
+    middleware: Any, scope: Any, receive: Any, ready: anyio.Event, clock: FakeClock
+) -> Result:
+    """Run a request until ``ready``, move virtual time past its deadline, and return
+    what the middleware sent."""
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    assert middleware.seconds is not None
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(middleware, scope, receive, send)
+            await ready.wait()
+            clock.advance(middleware.seconds)
+    return Result(sent)
+
+
 async def test_504_before_the_response_starts() -> None:
     """An app that has not answered when time runs out is cancelled; the client gets 504."""
     clock = FakeClock()
@@ -187,7 +206,6 @@ async def test_a_body_that_does_not_arrive_in_time_is_the_client_s_408(
     Once the body is in, an app that overruns gets its 504."""
     clock = FakeClock()
     waiting = anyio.Event()
-    sent: list[dict[str, Any]] = []
     chunks = [
         {"type": "http.request", "body": b"part", "more_body": not body_arrives},
     ]
@@ -206,16 +224,9 @@ async def test_a_body_that_does_not_arrive_in_time_is_the_client_s_408(
         waiting.set()
         await anyio.sleep_forever()  # working on the request: the server's time
 
-    async def send(message: dict[str, Any]) -> None:
-        sent.append(message)
-
     middleware = TimeoutMiddleware(reader, seconds=5, clock=clock)
-    with anyio.fail_after(5):
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(middleware, http_scope("/upload", method="POST"), receive, send)
-            await waiting.wait()
-            clock.advance(5)
-    result = Result(sent)
+    scope = http_scope("/upload", method="POST")
+    result = await sent_past_the_deadline(middleware, scope, receive, waiting, clock)
     assert result.complete
     if body_arrives:
         assert result.status == 504
@@ -233,7 +244,6 @@ async def test_a_receive_the_app_cancels_itself_is_no_slow_client() -> None:
     connection, when the server's receive checkpoints)."""
     clock = FakeClock()
     polled = anyio.Event()
-    sent: list[dict[str, Any]] = []
 
     async def receive() -> dict[str, Any]:
         await anyio.lowlevel.checkpoint()  # a server whose receive always yields
@@ -246,16 +256,9 @@ async def test_a_receive_the_app_cancels_itself_is_no_slow_client() -> None:
         polled.set()
         await anyio.sleep_forever()
 
-    async def send(message: dict[str, Any]) -> None:
-        sent.append(message)
-
     middleware = TimeoutMiddleware(polling, seconds=5, clock=clock)
-    with anyio.fail_after(5):
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(middleware, http_scope("/poll"), receive, send)
-            await polled.wait()
-            clock.advance(5)
-    assert Result(sent).status == 504
+    result = await sent_past_the_deadline(middleware, http_scope("/poll"), receive, polled, clock)
+    assert result.status == 504
 
 
 async def test_no_timeout_before_the_deadline() -> None:
