@@ -29,7 +29,7 @@ from ._headers import retry_after_value
 from ._keys import KeyFunction, _as_key, cached_digest, scope_app_of
 from ._problem import REDUCED_CAPACITY, Problem
 from ._rules import UNSET, Matcher, Rule, path_predicate, route_path
-from ._types import ASGIApp, Message, Receive, Scope, Send, ends_response
+from ._types import TIMED_OUT, ASGIApp, Message, Receive, Scope, Send, ends_response
 
 __all__ = ["ConcurrencyLimitMiddleware", "header_priority"]
 
@@ -441,7 +441,7 @@ class ConcurrencyLimitMiddleware(Observed):
             )
             if kind == "http":
                 await self.app(scope, receive_watched, send_watched)
-                if gone:
+                if gone or scope.get(TIMED_OUT):  # a client that left, a timeout inside
                     outcome = "cancelled"
             else:
                 await self.app(scope, receive, send)

@@ -18,7 +18,7 @@ from ..errors import ConfigurationError
 from ._base import Observed
 from ._problem import Problem
 from ._rules import UNSET, Matcher, Rule
-from ._types import ASGIApp, Message, Receive, Scope, Send, ends_response
+from ._types import TIMED_OUT, ASGIApp, Message, Receive, Scope, Send, ends_response
 
 __all__ = ["TimeoutMiddleware"]
 
@@ -176,6 +176,10 @@ class TimeoutMiddleware(Observed):
         def expire() -> None:
             nonlocal answer
             cancel_scope.cancel()
+            if not ended:
+                # Now, for a middleware outside this one that sees its app return (a cut
+                # sync endpoint returns normally once its thread ends).
+                scope[TIMED_OUT] = True
             if not started and answer is None and loop is not None:
                 answer = loop.create_task(_answer(problem(), send))
 
@@ -197,6 +201,7 @@ class TimeoutMiddleware(Observed):
                 # Past the deadline before it started (an app that got past the cut
                 # without a checkpoint, a thread that returned late): the 504 is the
                 # answer, sent at the deadline on asyncio, when the app ends otherwise.
+                scope[TIMED_OUT] = True
                 return
             kind = message["type"]
             if kind == "http.response.start":
@@ -242,6 +247,7 @@ class TimeoutMiddleware(Observed):
         # out all the same (the server would answer 500 to a response never started).
         if ended or not (cancel_scope.cancelled_caught or cancel_scope.cancel_called):
             return
+        scope[TIMED_OUT] = True
         if self._observed:
             self._emit(TimedOut(policy=self.name, key=rule_path, seconds=seconds))
         if answer is not None:

@@ -24,6 +24,11 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 app(scope: Scope, receive: Receive, send: Send) -> None: ...``"""
 
 
+#: A scope key TimeoutMiddleware sets when its deadline cut the request, for the
+#: middlewares outside it (a cut sync endpoint returns normally, its answer dropped).
+TIMED_OUT = "resilience.timed_out"
+
+
 def ends_response(message: Message) -> bool:
     """Whether sending ``message`` completes the response: the last body chunk, or a
     file sent whole (``http.response.pathsend``, or a last ``http.response.zerocopysend``).

@@ -21,7 +21,7 @@ from resilience.bulkhead import Bulkhead
 from resilience.errors import ConfigurationError
 from resilience.testing import FakeClock
 
-from ._support import Result, call, http_scope, ok_app
+from ._support import Result, call, http_scope, ok_app, receive_nothing
 
 pytestmark = pytest.mark.anyio
 
@@ -415,6 +415,47 @@ async def test_a_client_that_leaves_mid_response_is_a_cancelled_request() -> Non
         await middleware(http_scope(), receive, send)
     completed = [e.outcome for e in events if isinstance(e, RequestCompleted)]
     assert completed == ["cancelled", "completed", "completed"]
+
+
+@pytest.mark.parametrize("timeout_outside", [True, False])
+async def test_a_timed_out_request_is_reported_cancelled(timeout_outside: bool) -> None:
+    """A request cut by a TimeoutMiddleware is ``cancelled``, with the timeout inside
+    the concurrency limit or outside it, also when the app returns normally after its
+    cut (a sync endpoint's thread, whose late answer is dropped): that one was
+    reported ``completed``, a timed-out call counted as a success."""
+    from resilience.asgi import TimeoutMiddleware
+
+    clock = FakeClock()
+    started = anyio.Event()
+    release = anyio.Event()
+    events: list[Any] = []
+
+    async def sync_like(scope: Any, receive: Any, send: Any) -> None:
+        started.set()
+        with anyio.CancelScope(shield=True):  # a worker thread no cut can stop
+            await release.wait()
+        await ok_app(scope, receive, send)
+
+    async def send(message: Any) -> None:
+        if message["type"] == "http.response.body":
+            release.set()  # the 504 is out: let the "thread" end
+
+    if timeout_outside:
+        limited = ConcurrencyLimitMiddleware(sync_like, bulkhead=Bulkhead(1))
+        app: Any = TimeoutMiddleware(limited, seconds=5, clock=clock)
+    else:
+        timed = TimeoutMiddleware(sync_like, seconds=5, clock=clock)
+        app = limited = ConcurrencyLimitMiddleware(timed, bulkhead=Bulkhead(1))
+    limited.add_listener(events.append)
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(app, http_scope(), receive_nothing, send)
+            await started.wait()
+            clock.advance(5)
+            await anyio.sleep(0)
+            release.set()  # trio answers once the app ends
+    completed = [e.outcome for e in events if isinstance(e, RequestCompleted)]
+    assert completed == ["cancelled"]
 
 
 async def test_each_request_is_one_admission_in_the_metrics() -> None:
