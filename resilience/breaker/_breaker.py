@@ -904,8 +904,8 @@ class CircuitBreaker(PolicyBase):
             return
         if op == "open":
             core.remote_open(now, seconds, trips)
-        elif op == "close":
-            core.remote_close(now)
+        elif op in ("close", "reset"):
+            core.remote_close(now, manual=op == "reset")
 
     def _local_keys(self) -> list[Hashable]:
         if self._cores is None:

@@ -487,15 +487,17 @@ class BreakerCore:
         """Trips in a row since the breaker last closed (the cool-down grows with it)."""
         return self._trips
 
-    def remote_close(self, now: float) -> None:
+    def remote_close(self, now: float, *, manual: bool = False) -> None:
         """Another process's half-open probe succeeded: close, unless this breaker is in
-        a cool-down of its own (then it probes for itself when that ends).
+        a cool-down of its own (then it probes for itself when that ends). ``manual``:
+        an operator closed the breaker there; close from any OPEN state here too (the
+        states set by hand, DISABLED, FORCED_OPEN and METRICS_ONLY, stay).
         """
         changes: list[_Change] = []
         with self._lock:
             self._poll(now, changes)
             state = self.state
-            if state is HALF_OPEN or (state is OPEN and self._remote):
+            if state is HALF_OPEN or (state is OPEN and (self._remote or manual)):
                 self._move(CLOSED, now, "remote", changes)
         self._flush(changes, now)
 

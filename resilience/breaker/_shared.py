@@ -70,15 +70,24 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local ttl = tonumber(ARGV[1])
 local quorum = tonumber(ARGV[3])
-redis.call('DEL', KEYS[4])
 local reports = 1
 if quorum > 1 then
   redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
   redis.call('ZADD', KEYS[3], now + ttl, ARGV[2])
   redis.call('PEXPIRE', KEYS[3], ttl)
   reports = redis.call('ZCARD', KEYS[3])
-  if reports < quorum then return {0, reports} end
+  if reports < quorum then
+    -- No fleet trip yet. Our own probe lease (our probe just failed) lasts our new
+    -- cool-down: no other process probes in it.
+    if redis.call('GET', KEYS[4]) == ARGV[2] then
+      redis.call('PEXPIRE', KEYS[4], ttl)
+    else
+      redis.call('DEL', KEYS[4])
+    end
+    return {0, reports}
+  end
 end
+redis.call('DEL', KEYS[4])
 if redis.call('PTTL', KEYS[1]) < ttl then
   redis.call('SET', KEYS[1], ARGV[2], 'PX', ttl)
 end
@@ -461,7 +470,10 @@ class SharedState:
                 (self.name, wire), lambda: self._publish_open(key, wire, ttl, trips, quorum)
             )
         elif new is CircuitState.CLOSED and reason in ("probes_succeeded", "manual"):
-            self._hub.submit((self.name, wire), lambda: self._publish_close(wire))
+            # An operator's close() closes the fleet, cool-downs of their own included
+            # ("reset"); a probe's success closes those that wait for it ("close").
+            op = "reset" if reason == "manual" else "close"
+            self._hub.submit((self.name, wire), lambda: self._publish_close(wire, op))
 
     def _message(self, op: str, key: str | None, ttl: int = 0, trips: int = 0) -> str:
         return json.dumps(
@@ -495,10 +507,10 @@ class SharedState:
                     del unsent[next(iter(unsent))]
             unsent[wire] = (key, now + ttl / 1000.0, trips, quorum)
 
-    def _publish_close(self, key: str | None) -> None:
+    def _publish_close(self, key: str | None, op: str = "close") -> None:
         with self._unsent_lock:
             self._unsent.pop(key, None)  # closed since: that trip is news no more
-        args = [key or "", self._hub.channel, self._message("close", key)]
+        args = [key or "", self._hub.channel, self._message(op, key)]
         self._run(self._close, self._keys(key), args)
 
     def _resend(self, breaker: CircuitBreaker) -> None:

@@ -245,6 +245,45 @@ def test_quorum_opens_the_fleet_only_when_enough_report(fleet: Fleet) -> None:
     assert c.state is CircuitState.OPEN
 
 
+def test_with_a_quorum_a_failed_probe_still_keeps_the_others_from_probing(
+    fleet: Fleet,
+) -> None:
+    """quorum=2: the fleet is open (both reported); the winner's probe fails. Its re-trip
+    is one report, short of the quorum, but its probe lease lasts its new cool-down, so
+    the other process loses the election and stays open: one probe fleet-wide per
+    cool-down (each process probed in the same cool-down)."""
+    a, b = fleet.add(open_for=0.2, quorum=2), fleet.add(open_for=0.2, quorum=2)
+    for breaker in (a, b):
+        for _ in range(2):
+            with pytest.raises(Boom):
+                breaker.call(boom)
+    assert a.state is CircuitState.OPEN
+    assert b.state is CircuitState.OPEN
+    time.sleep(0.25)  # both half-open: real time, like Redis' own clock
+    with pytest.raises(Boom):
+        a.call(boom)  # a wins the probe, which fails
+    assert a.state is CircuitState.OPEN
+    assert a.shared is not None
+    assert wait_for(lambda: a.shared is not None and a.shared.published >= 2)
+    with pytest.raises(rs.CircuitOpen):
+        b.call(boom)  # b loses the election: a's lease holds for a's cool-down
+    assert b.shared is not None
+    assert (a.shared.statistics()["won"], b.shared.statistics()["won"]) == (1, 0)
+
+
+def test_a_manual_close_closes_a_manual_open_elsewhere(fleet: Fleet) -> None:
+    """An operator's close() closes the fleet: also a process whose breaker was opened
+    by hand, a cool-down of its own (it stayed open, rejecting, while the rest closed)."""
+    a, b = fleet.add(open_for=30), fleet.add(open_for=30)
+    heard = opened_event(b)
+    a.open()
+    assert heard.wait(3)
+    closed = opened_event(a, "closed")
+    b.close()
+    assert closed.wait(3)
+    assert a.state is CircuitState.CLOSED
+
+
 def test_cool_downs_grow_fleet_wide_whoever_probes(fleet: Fleet) -> None:
     """open_for_max growth counts the fleet's trips in a row: when another process
     wins the next probe and it fails, the cool-down grows on (it fell back to
