@@ -11,6 +11,7 @@ so that a broken listener cannot flood the log.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
@@ -207,8 +208,9 @@ def add_listener(listener: L) -> L:
         def audit(event: rs.Event) -> None:
             logging.info("%r", event)
     """
-    if _index(GLOBAL_LISTENERS, listener) is None:
-        GLOBAL_LISTENERS.append(listener)
+    with _LISTENERS_LOCK:
+        if _index(GLOBAL_LISTENERS, listener) is None:
+            GLOBAL_LISTENERS.append(listener)
     _forget_failures(listener)
     return listener
 
@@ -218,10 +220,16 @@ def remove_listener(listener: Listener) -> None:
 
     Example: ``rs.remove_listener(audit)``
     """
-    index = _index(GLOBAL_LISTENERS, listener)
-    if index is not None:
-        del GLOBAL_LISTENERS[index]
+    with _LISTENERS_LOCK:
+        index = _index(GLOBAL_LISTENERS, listener)
+        if index is not None:
+            del GLOBAL_LISTENERS[index]
     _forget_failures(listener)
+
+
+#: Adding and removing listeners find then change a list: one lock for all of them
+#: (rare calls), or threads removing two listeners at once could delete a third.
+_LISTENERS_LOCK = threading.Lock()
 
 
 def _index(listeners: list[Listener], listener: object) -> int | None:
@@ -321,8 +329,9 @@ class Observable:
             retry = rs.Retry(on=OSError)
             retry.add_listener(print)
         """
-        if _index(self._listeners, listener) is None:
-            self._listeners.append(listener)
+        with _LISTENERS_LOCK:
+            if _index(self._listeners, listener) is None:
+                self._listeners.append(listener)
         _forget_failures(listener)
         return listener
 
@@ -331,9 +340,10 @@ class Observable:
 
         Example: ``retry.remove_listener(print)``
         """
-        index = _index(self._listeners, listener)
-        if index is not None:
-            del self._listeners[index]
+        with _LISTENERS_LOCK:
+            index = _index(self._listeners, listener)
+            if index is not None:
+                del self._listeners[index]
         _forget_failures(listener)
 
     @property

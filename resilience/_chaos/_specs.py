@@ -310,7 +310,7 @@ class Error(Fault):
                 ) from None
         elif isinstance(exc, BaseException):
             try:
-                copy.copy(exc)
+                _copy_exception(exc)
             except Exception as error:
                 # Raising the one instance every time would share it between calls and
                 # grow its traceback (and the frames it holds) with every raise.
@@ -329,9 +329,7 @@ class Error(Fault):
         if isinstance(exc, type):
             return _instantiate(exc)
         if isinstance(exc, BaseException):
-            fresh = copy.copy(exc)  # copyable: checked when built
-            fresh.__traceback__ = None
-            return fresh
+            return _copy_exception(exc)  # copyable: checked when built
         made = exc()
         if not isinstance(made, BaseException):
             raise TypeError(f"the exception factory {exc!r} returned {made!r}, not an exception")
@@ -495,3 +493,26 @@ def fault_list(name: str, value: Any) -> list[Fault]:
     if value is None or isinstance(value, str | bytes) or not isinstance(value, Iterable):
         raise ConfigurationError(f"{name} must be a fault or a list of faults, got {value!r}")
     return list(value)
+
+
+def _copy_exception(exc: BaseException) -> BaseException:
+    """A copy of ``exc`` with its args and attributes, and no traceback.
+
+    Not ``copy.copy``: for exceptions it calls ``type(exc)(*exc.args)``, which runs an
+    ``__init__`` that formats its message again on the formatted one (``Upstream(503)``
+    whose message is "upstream answered 503" came out as "upstream answered upstream
+    answered 503"). ``__new__`` takes the args without running ``__init__``.
+    """
+    cls = type(exc)
+    fresh = cls.__new__(cls, *exc.args)
+    fresh.args = exc.args
+    state = getattr(exc, "__dict__", None)
+    if state:
+        fresh.__dict__.update(copy.copy(state))
+    for name in getattr(cls, "__slots__", ()):
+        if hasattr(exc, name):
+            setattr(fresh, name, getattr(exc, name))
+    fresh.__cause__ = exc.__cause__
+    fresh.__context__ = exc.__context__
+    fresh.__suppress_context__ = exc.__suppress_context__
+    return fresh

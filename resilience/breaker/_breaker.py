@@ -840,9 +840,8 @@ class CircuitBreaker(PolicyBase):
         # Held for its whole cool-down: a key idle past idle_ttl, or pushed out by
         # max_keys, must not come back CLOSED before the time it was opened for.
         until = now + (self._config.open_for if seconds is None else seconds)
-        for core in self._targets(key, sticky=None):
+        for core in self._held_targets(key, None, until, now):
             core.transition(CircuitState.OPEN, now, seconds=seconds)
-            core.held_until = until
 
     def close(self, key: Hashable = None) -> None:
         """Close the breaker with a fresh window (also ends FORCED_OPEN, DISABLED, ...).
@@ -883,9 +882,23 @@ class CircuitBreaker(PolicyBase):
         # force_open(key) until close(key), close(key) under a breaker-wide force_open().
         # Set for every key, the state is the new keys' too: nothing to hold.
         until = 0.0 if key is None or target is self._default_state else math.inf
-        for core in self._targets(key, sticky=target):
+        for core in self._held_targets(key, target, until, now):
             core.transition(target, now)
+
+    def _held_targets(
+        self, key: Hashable, sticky: CircuitState | None, until: float, now: float
+    ) -> list[BreakerCore]:
+        """:meth:`_targets`, each held in the keyed map until ``until`` before it moves:
+        held only after, a key could be dropped by another thread's new keys in between,
+        and the state set by hand lost with it (then it is fetched again)."""
+        cores = self._targets(key, sticky=sticky)
+        for core in cores:
             core.held_until = until
+        if self._cores is not None and key is not None and until > now:
+            while self._peek(key) is not cores[0]:  # dropped before the hold took
+                cores = [self._core_of(key)]
+                cores[0].held_until = until
+        return cores
 
     # ----------------------------------------------------------------- shared state hooks
 

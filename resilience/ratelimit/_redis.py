@@ -203,7 +203,10 @@ class RedisBuckets:
             # The oldest entry; threads share the cache, so it may change under us.
             with contextlib.suppress(StopIteration, RuntimeError, KeyError):
                 del denied[next(iter(denied))]
-        denied[_slot(key)] = self._monotonic() + reset_us / 1e6
+        slot = _slot(key)
+        denied[slot] = self._monotonic() + reset_us / 1e6
+        if resets != self._resets:  # a reset ran since the check: written first, so seen
+            denied.pop(slot, None)
         return make_decision((False, remaining, retry_after, reset_us / 1e6, self._burst, 0.0))
 
     def _admitted_after_refusal(self, key: Hashable, reset_us: int, resets: int) -> None:
@@ -213,10 +216,9 @@ class RedisBuckets:
         slot = _slot(key)
         denied = self._denied
         if slot in denied:
+            denied[slot] = self._monotonic() + reset_us / 1e6
             if resets != self._resets:  # a reset ran meanwhile: the reply may be stale
                 denied.pop(slot, None)
-            else:
-                denied[slot] = self._monotonic() + reset_us / 1e6
 
     def take(self, key: Hashable, cost: int, max_wait_us: int) -> Decision:
         """One decision on Redis (or from the denial cache); raises ``BackendError``."""

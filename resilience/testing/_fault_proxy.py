@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from .._validate import check_int, check_number
+from .._validate import check_bool, check_int, check_number
 from ..errors import ConfigurationError
 
 __all__ = ["FaultProxy", "ProxyStatistics"]
@@ -312,6 +312,13 @@ class FaultProxy:
             latency = check_number("latency", latency)
         if bandwidth is not _UNSET:
             bandwidth = check_number("bandwidth", bandwidth, strict=True, allow_none=True)
+        # A switch, never a truthy value: "false" would turn a blackhole on.
+        if blackhole is not _UNSET:
+            blackhole = check_bool("blackhole", blackhole)
+        if refuse is not _UNSET:
+            refuse = check_bool("refuse", refuse)
+        if reset_new is not _UNSET:
+            reset_new = check_bool("reset_new", reset_new)
         self._run(self._apply(latency, bandwidth, blackhole, refuse, reset_new))
 
     async def _apply(

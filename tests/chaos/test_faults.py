@@ -558,17 +558,29 @@ def test_repr_names_faults_and_seed() -> None:
     assert "seed=77" in text
 
 
-def test_an_instance_that_cannot_be_copied_is_refused_when_built() -> None:
-    """chaos.Error(instance) raises a copy each time; an instance whose __init__ takes
-    other arguments than its args cannot be copied, and the one object was raised every
-    time instead, its traceback (and the frames it holds) growing with every raise."""
+def test_an_instance_is_raised_as_a_true_copy() -> None:
+    """chaos.Error(instance) raises a copy each time (never the one object, whose
+    traceback, and the frames it holds, would grow with every raise). The copy has the
+    instance's message, args and attributes, also when its __init__ formats the message
+    from other arguments (it was refused, or rebuilt as "upstream answered upstream
+    answered 503" by calling the class again with the formatted args)."""
 
     class UpstreamError(Exception):
         def __init__(self, service: str, status: int) -> None:
             super().__init__(f"{service} answered {status}")
+            self.status = status
 
-    with pytest.raises(rs.ConfigurationError, match="factory"):
-        chaos.Error(UpstreamError("billing", 502))
+    given = UpstreamError("billing", 502)
+    error = chaos.Error(given)
+    first, second = error.build(), error.build()
+    assert first is not second
+    assert first is not given
+    for raised in (first, second):
+        assert type(raised) is UpstreamError
+        assert str(raised) == "billing answered 502"
+        assert raised.args == given.args
+        assert raised.status == 502  # type: ignore[attr-defined]
+        assert raised.__traceback__ is None
     factory = chaos.Error(lambda: UpstreamError("billing", 502))
     assert factory.build() is not factory.build()
 

@@ -517,6 +517,34 @@ def test_a_removed_listener_that_failed_is_not_kept_alive(monkeypatch: pytest.Mo
         assert alive() is None
 
 
+def test_listeners_removed_from_two_threads_are_the_ones_removed() -> None:
+    """Two threads removing two listeners at once remove exactly those: a removal that
+    found its listener's place, then was overtaken by another thread's, deleted a third
+    listener and left its own (here the other thread runs, or tries to, right after the
+    first one has found its place)."""
+    import threading
+
+    retry = rs.Retry(on=OSError)
+    a, b, c = (lambda event: None), (lambda event: None), (lambda event: None)
+    others: list[threading.Thread] = []
+
+    class Overtaken(list[Any]):
+        def __iter__(self) -> Any:
+            try:
+                yield from super().__iter__()
+            finally:  # the first look is over (its place found): ``a`` goes now
+                if not others:
+                    other = threading.Thread(target=retry.remove_listener, args=(a,))
+                    others.append(other)
+                    other.start()
+                    other.join(0.2)  # it waits for the first removal to finish, or not
+
+    retry._listeners = Overtaken([a, b, c])
+    retry.remove_listener(b)
+    others[0].join(5)
+    assert list(retry._listeners) == [c]
+
+
 def test_distinct_listeners_that_compare_equal_both_receive() -> None:
     """add_listener ignores the same listener added twice (the same object, or the same
     bound method), not a distinct one that merely compares equal (dataclasses)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
 
@@ -219,6 +220,39 @@ def test_denial_cache_follows_the_admissions_after_a_refusal(redis_server: Redis
         assert on_redis.retry_after == pytest.approx(in_memory.retry_after, abs=0.5)
         assert on_redis.reset_after == pytest.approx(in_memory.reset_after, abs=0.5)
     assert redis_decisions[-1].retry_after == pytest.approx(12, abs=0.5)  # not 6
+
+
+def test_a_reset_during_a_refusal_in_flight_leaves_no_cached_refusal(
+    redis_server: RedisServer,
+) -> None:
+    """A reset() that runs while a refusal is on its way into the denial cache (here:
+    from inside the cache's own clock read, the last step before it writes) wins: the
+    next request finds the full burst (that refusal used to be cached after the reset,
+    and the key refused locally for its whole refill)."""
+    limiter = rs.RateLimiter(
+        "5/15min", backend=RedisBackend.from_url(redis_server.url, timeout=1.0), name="login"
+    )
+    for _ in range(5):
+        assert limiter.try_acquire("alice")
+    buckets: Any = limiter._buckets.primary  # type: ignore[union-attr]
+    clock = buckets._monotonic
+    raced: list[bool] = []
+
+    def reading_the_clock() -> float:
+        if not raced:
+            raced.append(True)
+            limiter.reset("alice")  # "another thread", just before the cache write
+        return clock()
+
+    buckets._monotonic = reading_the_clock
+    try:
+        assert not limiter.try_acquire("alice")  # refused by Redis, before the reset
+    finally:
+        buckets._monotonic = clock
+    assert raced == [True]
+    decision = limiter.try_acquire("alice")
+    assert decision.allowed
+    assert decision.remaining == 4
 
 
 def test_denial_cache_expires_in_real_time_like_redis(redis_server: RedisServer) -> None:

@@ -199,6 +199,18 @@ def test_listens_on_loopback_only() -> None:
             proxy.set(latency=-1)
 
 
+@pytest.mark.parametrize("switch", ["blackhole", "refuse", "reset_new"])
+def test_a_switch_takes_a_bool_only(switch: str) -> None:
+    """``"false"`` is no switch: it used to turn a blackhole on (any value counted by
+    its truth); refused, and the proxy is left as it was."""
+    with FaultProxy(6379) as proxy:
+        with pytest.raises(rs.ConfigurationError, match=f"{switch} must be True or False"):
+            proxy.set(**{switch: "false"})
+        with pytest.raises(rs.ConfigurationError, match=switch):
+            setattr(proxy, switch, 1)
+        assert getattr(proxy, switch) is False
+
+
 def test_repr_shows_the_faults(redis_server: RedisServer, fault_proxy: FaultProxyFactory) -> None:
     """repr names the active faults."""
     proxy = fault_proxy(redis_server.port)
