@@ -26,7 +26,7 @@ from ..errors import BackendError, BulkheadFull, ConfigurationError, ResilienceE
 from ._base import Observed
 from ._events import RequestAdmitted, RequestCompleted
 from ._headers import retry_after_value
-from ._keys import KeyFunction, _as_key, cached_digest, scope_app_of
+from ._keys import KeyFunction, _as_key, cached_digest, keyed_scope, scope_app_of
 from ._problem import REDUCED_CAPACITY, Problem
 from ._rules import UNSET, Matcher, Rule, path_predicate, route_path
 from ._types import TIMED_OUT, ASGIApp, Message, Receive, Scope, Send, ends_response
@@ -370,12 +370,8 @@ class ConcurrencyLimitMiddleware(Observed):
         ):
             await self.app(scope, receive, send)
             return
-        keyed = scope
-        if self._scope_app is not None and scope.get("app") is not self._scope_app:
-            # route() reads the wrapped app's routes from scope["app"], which that app
-            # sets only once it runs (see scope_app_of): the keys see it now, on a copy;
-            # the scope stays as it is (under a Mount, the parent app is in it).
-            keyed = {**scope, "app": self._scope_app}
+        # route() reads the wrapped app's routes from scope["app"] (see keyed_scope).
+        keyed = scope if self._scope_app is None else keyed_scope(scope, self._scope_app)
         key: str | None = None
         if plan.key is not None:
             key = plan.key(keyed)

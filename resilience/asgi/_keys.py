@@ -103,10 +103,15 @@ def cached_digest(key: str) -> str:
     value = _DIGESTS.get(key)
     if value is None:
         value = hashlib.blake2b(key.encode("utf-8", "surrogateescape"), digest_size=16).hexdigest()
-        if len(_DIGESTS) >= _DIGESTS_MAX:
-            _DIGESTS.clear()
-        _DIGESTS[key] = value
+        _remember(_DIGESTS, key, value)
     return value
+
+
+def _remember(memo: dict[Any, str], key: Any, value: str) -> None:
+    """Store in a digest memo, cleared when full: attacker-chosen keys cannot grow it."""
+    if len(memo) >= _DIGESTS_MAX:
+        memo.clear()
+    memo[key] = value
 
 
 _PEER_DIGESTS: dict[str | None, str] = {}
@@ -120,9 +125,7 @@ def _peer_digest(scope: Scope) -> str:
     value = _PEER_DIGESTS.get(host)
     if value is None:
         value = cached_digest("ip:unknown" if host is None else "ip:" + host)
-        if len(_PEER_DIGESTS) >= _DIGESTS_MAX:
-            _PEER_DIGESTS.clear()
-        _PEER_DIGESTS[host] = value
+        _remember(_PEER_DIGESTS, host, value)
     return value
 
 
@@ -552,6 +555,16 @@ def scope_app_of(app: Any) -> Any:
         if app is None:
             return None
     return None
+
+
+def keyed_scope(scope: Scope, app: Any) -> Scope:
+    """The scope the key, cost and priority functions of a middleware wrapped around
+    ``app`` (see :func:`scope_app_of`) see: ``scope`` itself when ``app`` is already in
+    it, else a copy with it; the scope stays as it is (under a ``Mount``, the parent app
+    is in it until ``app`` sets itself)."""
+    if scope.get("app") is app:
+        return scope
+    return {**scope, "app": app}
 
 
 # -- composition -------------------------------------------------------------------------

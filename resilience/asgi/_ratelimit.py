@@ -15,7 +15,15 @@ from ..ratelimit._gcra import CostAboveBurst
 from ._base import Observed
 from ._events import RequestAdmitted, ShadowRejected
 from ._headers import HEADER_MODES, HeaderMode, RateLimitHeaders, retry_after_value
-from ._keys import _DIGESTS, KeyFunction, _as_key, cached_digest, client_ip, scope_app_of
+from ._keys import (
+    _DIGESTS,
+    KeyFunction,
+    _as_key,
+    cached_digest,
+    client_ip,
+    keyed_scope,
+    scope_app_of,
+)
 from ._problem import QUOTA_EXCEEDED, REDUCED_CAPACITY, Problem
 from ._rules import UNSET, Matcher, Rule, path_predicate, route_path
 from ._types import ASGIApp, Message, Receive, Scope, Send
@@ -343,12 +351,8 @@ class RateLimitMiddleware(Observed):
         if plan is None:
             await self.app(scope, receive, send)
             return
-        keyed = scope
-        if self._scope_app is not None and scope.get("app") is not self._scope_app:
-            # route() reads the wrapped app's routes from scope["app"], which that app
-            # sets only once it runs (see scope_app_of): the keys see it now, on a copy;
-            # the scope stays as it is (under a Mount, the parent app is in it).
-            keyed = {**scope, "app": self._scope_app}
+        # route() reads the wrapped app's routes from scope["app"] (see keyed_scope).
+        keyed = scope if self._scope_app is None else keyed_scope(scope, self._scope_app)
         key = plan.key(keyed)
         if key is None:
             await self.app(scope, receive, send)
