@@ -120,14 +120,12 @@ class Fallback(PolicyBase, Generic[R]):
         self._used = 0
 
     def __repr__(self) -> str:
-        on = self._matches.types
-        what = "a predicate" if on is None else "(" + ", ".join(t.__name__ for t in on) + ")"
         value = self._value
         if callable(value):
             gives = f"from {getattr(value, '__qualname__', None) or type(value).__name__}"
         else:
             gives = reprlib.repr(value)
-        return f"<Fallback {self.name!r} on={what} returns {gives}>"
+        return f"<Fallback {self.name!r} on={self._matches.describe()} returns {gives}>"
 
     def _absorbs(self, error: type[BaseException]) -> bool:
         """Whether every ``error`` (a Rejected type) is answered with the degraded

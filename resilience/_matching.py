@@ -117,6 +117,13 @@ class ExceptionMatcher:
         """Whether this can match ``target`` (or a subclass of it); a predicate may."""
         return may_match(self.types, target)
 
+    def describe(self) -> str:
+        """What ``on`` names, for reprs: ``(ConnectionError, TimeoutError)`` or
+        ``a predicate``."""
+        if self.types is None:
+            return "a predicate"
+        return "(" + ", ".join(t.__name__ for t in self.types) + ")"
+
 
 def may_match(types: tuple[type[BaseException], ...] | None, target: type[BaseException]) -> bool:
     """Whether the filter can catch ``target`` (or a subclass of it); predicates may."""

@@ -125,7 +125,7 @@ class Retry(PolicyBase):
     @property
     def retries_rejections(self) -> bool:
         """Whether this retry may retry :class:`Rejected` errors (used by Pipeline checks)."""
-        return self._matches.may_match(Rejected)
+        return self._may_retry(Rejected)
 
     def _may_retry(self, error: type[BaseException]) -> bool:
         """Whether this retry may retry ``error`` (or a subclass): Pipeline's checks."""
@@ -184,10 +184,9 @@ class Retry(PolicyBase):
         return delay
 
     def __repr__(self) -> str:
-        on = self._matches.types
-        what = "a predicate" if on is None else "(" + ", ".join(t.__name__ for t in on) + ")"
         deadline = "" if self.deadline is None else f" deadline={self.deadline:g}"
-        return f"<Retry {self.name!r} on={what} attempts={self.attempts}{deadline}>"
+        on = self._matches.describe()
+        return f"<Retry {self.name!r} on={on} attempts={self.attempts}{deadline}>"
 
     def _refund(self, run: _Run) -> None:
         """The backoff was cancelled: the retry it led to is not sent."""
