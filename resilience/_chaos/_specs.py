@@ -8,7 +8,6 @@ them; the faults themselves hold no state.
 
 from __future__ import annotations
 
-import copy
 import math
 import random
 from collections.abc import Callable, Iterable, Mapping
@@ -508,7 +507,7 @@ def _copy_exception(exc: BaseException) -> BaseException:
     fresh.args = exc.args
     state = getattr(exc, "__dict__", None)
     if state:
-        fresh.__dict__.update(copy.copy(state))
+        fresh.__dict__.update(state)
     for name in getattr(cls, "__slots__", ()):
         if hasattr(exc, name):
             setattr(fresh, name, getattr(exc, name))

@@ -203,22 +203,24 @@ class RedisBuckets:
             # The oldest entry; threads share the cache, so it may change under us.
             with contextlib.suppress(StopIteration, RuntimeError, KeyError):
                 del denied[next(iter(denied))]
-        slot = _slot(key)
-        denied[slot] = self._monotonic() + reset_us / 1e6
-        if resets != self._resets:  # a reset ran since the check: written first, so seen
-            denied.pop(slot, None)
+        self._cache_refill(_slot(key), reset_us, resets)
         return make_decision((False, remaining, retry_after, reset_us / 1e6, self._burst, 0.0))
+
+    def _cache_refill(self, slot: Hashable, reset_us: int, resets: int) -> None:
+        """Cache when ``slot``'s bucket is full again; a reset that ran since the reply
+        (``resets`` was read before it) drops it again: written first, so seen."""
+        denied = self._denied
+        denied[slot] = self._monotonic() + reset_us / 1e6
+        if resets != self._resets:
+            denied.pop(slot, None)
 
     def _admitted_after_refusal(self, key: Hashable, reset_us: int, resets: int) -> None:
         """A key with a cached refusal was admitted (a cheaper request, a reservation):
         its bucket now refills later, and the cached time moves with it, or the next
         cached refusal would tell its client to come back too early."""
         slot = _slot(key)
-        denied = self._denied
-        if slot in denied:
-            denied[slot] = self._monotonic() + reset_us / 1e6
-            if resets != self._resets:  # a reset ran meanwhile: the reply may be stale
-                denied.pop(slot, None)
+        if slot in self._denied:
+            self._cache_refill(slot, reset_us, resets)
 
     def take(self, key: Hashable, cost: int, max_wait_us: int) -> Decision:
         """One decision on Redis (or from the denial cache); raises ``BackendError``."""
