@@ -23,6 +23,7 @@ from .. import _deadline
 from .._budget import RetryBudget
 from .._clock import SYSTEM_CLOCK, Clock
 from .._events import (
+    CallRejected,
     Listener,
     Observable,
     RetriesExhausted,
@@ -354,6 +355,8 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observab
             return 0.0
         if wait > _deadline.clamp(self.max_wait):
             self._rejected += 1
+            if self._observed:
+                self._emit(CallRejected(policy=self.name, key=str(host.key), retry_after=wait))
             raise RateLimited(
                 f"{host.key} asked us to wait {wait:.3f}s, beyond max_wait or the deadline",
                 retry_after=wait,

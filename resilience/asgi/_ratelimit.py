@@ -6,7 +6,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from re import Pattern
 from typing import Any
 
-from .._events import GLOBAL_LISTENERS, Listener
+from .._events import GLOBAL_LISTENERS, CallRejected, Listener
 from .._validate import check_bool, check_callable, check_choice, check_int, check_name
 from ..backends._memory import MemoryBuckets
 from ..errors import BackendError, ConfigurationError
@@ -426,6 +426,10 @@ class RateLimitMiddleware(Observed):
         self, scope: Scope, receive: Receive, send: Send, plan: _Plan, key: str, cost: int
     ) -> None:
         """A request that costs more than the burst: 429 without Retry-After."""
+        # The limiter raised rather than deciding, so it reported nothing: report the
+        # refusal as it would have (a CallRejected, also in shadow mode).
+        if self._observed:
+            self._emit(CallRejected(policy=plan.policy, key=key, retry_after=None))
         if await self._shadowed(scope, receive, send, plan, key, None):
             return
         problem = Problem(

@@ -30,6 +30,7 @@ from .._events import (
     StateChanged,
     TimedOut,
 )
+from ..breaker._events import OutcomeRecorded
 from ..errors import ConfigurationError
 
 __all__ = [
@@ -230,6 +231,10 @@ def samples(event: Event) -> list[Sample]:
     if isinstance(event, CallRejected):
         out.append((DECISIONS, 1.0, (policy, "rejected")))
         out.append((REJECTIONS, 1.0, (policy,)))
+    elif isinstance(event, OutcomeRecorded):
+        # A breaker's admitted call, counted when its outcome is recorded (every call
+        # is, while anyone listens): the breaker's decisions have both outcomes.
+        out.append((DECISIONS, 1.0, (policy, "admitted")))
     elif type(event).__name__ == "ShadowRejected":
         out.append((DECISIONS, 1.0, (policy, "shadow_rejected")))
     elif isinstance(event, BackendFallback):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import subprocess
@@ -31,6 +32,7 @@ from resilience.observability import (
     histogram_quantile,
     samples,
 )
+from resilience.testing import FakeClock
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -320,3 +322,84 @@ def test_bad_histogram_buckets_are_refused_by_both_adapters(buckets: Any) -> Non
         PrometheusMetrics(buckets=buckets)
     with pytest.raises(rs.ConfigurationError, match="bucket"):
         OpenTelemetryMetrics(buckets=buckets)
+
+
+def _series(metrics: PrometheusMetrics, policy: str) -> set[str]:
+    return {
+        line
+        for line in metrics.exposition().decode().splitlines()
+        if line.startswith(("resilience_decisions_total", "resilience_rejections_total"))
+        and f'policy="{policy}"' in line
+    }
+
+
+def test_a_breaker_counts_its_admitted_calls_as_decisions(prometheus: PrometheusMetrics) -> None:
+    """Every call a breaker lets through is an admitted decision (when its outcome is
+    recorded), beside the rejected ones: admitted / (admitted + rejected) is its pass rate."""
+    breaker = rs.CircuitBreaker(name="cb", clock=FakeClock())
+
+    def work(fail: bool) -> None:
+        if fail:
+            raise OSError("down")
+
+    for fail in [False] * 8 + [True] * 2:
+        with contextlib.suppress(OSError):
+            breaker.call(work, fail)
+    breaker.open()
+    with pytest.raises(rs.CircuitOpen):
+        breaker.call(work, False)
+    assert _series(prometheus, "cb") == {
+        'resilience_decisions_total{outcome="admitted",policy="cb"} 10.0',
+        'resilience_decisions_total{outcome="rejected",policy="cb"} 1.0',
+        'resilience_rejections_total{policy="cb"} 1.0',
+    }
+
+
+@pytest.mark.anyio
+async def test_a_request_costing_more_than_the_burst_is_a_counted_rejection(
+    prometheus: PrometheusMetrics,
+) -> None:
+    """The 429 for a request whose own cost exceeds the burst reaches the metrics."""
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    middleware = rs.asgi.RateLimitMiddleware(
+        app,
+        limiter=rs.RateLimiter("5/s", burst=5, name="costly"),
+        cost=lambda scope: 10 if scope["path"] == "/export" else 1,
+    )
+    client = httpx.AsyncClient(transport=httpx.ASGITransport(app=middleware), base_url="http://t")
+    async with client:
+        statuses = [(await client.get(path)).status_code for path in ("/export", "/export", "/")]
+    assert statuses == [429, 429, 200]
+    assert _series(prometheus, "costly") == {
+        'resilience_decisions_total{outcome="admitted",policy="costly"} 1.0',
+        'resilience_decisions_total{outcome="rejected",policy="costly"} 2.0',
+        'resilience_rejections_total{policy="costly"} 2.0',
+    }
+
+
+def test_requests_refused_for_a_paused_host_are_counted_rejections(
+    prometheus: PrometheusMetrics,
+) -> None:
+    """A host that asked for 30 s of quiet: the transport's refusals reach the metrics."""
+    from resilience.httpx import ResilientTransport
+
+    transport = ResilientTransport(
+        httpx.MockTransport(lambda request: httpx.Response(429, headers={"Retry-After": "30"})),
+        attempts=1,
+        max_wait=0.0,
+        name="tp",
+    )
+    with httpx.Client(transport=transport, base_url="http://h.example") as client:
+        assert client.get("/").status_code == 429
+        for _ in range(2):
+            with pytest.raises(rs.RateLimited):
+                client.get("/")
+    assert transport.statistics().rejected == 2
+    assert _series(prometheus, "tp") == {
+        'resilience_decisions_total{outcome="rejected",policy="tp"} 2.0',
+        'resilience_rejections_total{policy="tp"} 2.0',
+    }
