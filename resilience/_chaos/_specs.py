@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import random
+import types
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -494,13 +495,26 @@ def fault_list(name: str, value: Any) -> list[Fault]:
     return list(value)
 
 
+# Attributes every exception has, copied by hand (or, for the traceback, left behind).
+_OWN = frozenset(
+    {"__dict__", "__weakref__", "args", "__traceback__", "__cause__", "__context__"}
+    | {"__suppress_context__"}
+)
+_SLOT_TYPES = (types.MemberDescriptorType, types.GetSetDescriptorType)
+_UNSET = object()
+
+
 def _copy_exception(exc: BaseException) -> BaseException:
     """A copy of ``exc`` with its args and attributes, and no traceback.
 
     Not ``copy.copy``: for exceptions it calls ``type(exc)(*exc.args)``, which runs an
     ``__init__`` that formats its message again on the formatted one (``Upstream(503)``
     whose message is "upstream answered 503" came out as "upstream answered upstream
-    answered 503"). ``__new__`` takes the args without running ``__init__``.
+    answered 503"). ``__new__`` takes the args without running ``__init__``; what an
+    ``__init__`` stored outside ``__dict__`` is copied from the slots of every class
+    in the MRO: built-in ones (``SystemExit.code``, ``StopIteration.value``,
+    ``OSError.errno``, ``ImportError.name``, the ``UnicodeError`` fields) and declared
+    ``__slots__`` alike.
     """
     cls = type(exc)
     fresh = cls.__new__(cls, *exc.args)
@@ -508,9 +522,18 @@ def _copy_exception(exc: BaseException) -> BaseException:
     state = getattr(exc, "__dict__", None)
     if state:
         fresh.__dict__.update(state)
-    for name in getattr(cls, "__slots__", ()):
-        if hasattr(exc, name):
-            setattr(fresh, name, getattr(exc, name))
+    for klass in cls.__mro__:
+        for name, member in vars(klass).items():
+            if name in _OWN or not isinstance(member, _SLOT_TYPES):
+                continue
+            try:
+                value = getattr(exc, name)
+                # None where the copy reads None already: left alone, since setting it
+                # is not the same (OSError.filename2 = None prints as "... -> None").
+                if value is not None or getattr(fresh, name, _UNSET) is not None:
+                    setattr(fresh, name, value)
+            except (AttributeError, TypeError):
+                pass  # unset on the original (OSError.characters_written), or read-only
     fresh.__cause__ = exc.__cause__
     fresh.__context__ = exc.__context__
     fresh.__suppress_context__ = exc.__suppress_context__

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -583,6 +584,44 @@ def test_an_instance_is_raised_as_a_true_copy() -> None:
         assert raised.__traceback__ is None
     factory = chaos.Error(lambda: UpstreamError("billing", 502))
     assert factory.build() is not factory.build()
+
+
+class _Coded(Exception):
+    __slots__ = ("code",)
+
+
+class _CodedMore(_Coded):
+    __slots__ = "more"  # one slot, spelled as a string
+
+
+class _Refused(ConnectionRefusedError):
+    def __init__(self, host: str) -> None:
+        super().__init__(111, f"{host} refused the connection")
+
+
+def test_copies_keep_what_built_in_bases_and_slots_hold() -> None:
+    """What an __init__ stores outside __dict__ survives the copy: the fields of built-in
+    exceptions (SystemExit.code, StopIteration.value, ImportError.name, OSError.errno,
+    the UnicodeError fields) and slots declared by the class or its parents (copies
+    of SystemExit(3) exited with status 0, an OSError subclass printed its args tuple)."""
+    coded = _CodedMore("x")
+    coded.code, coded.more = 7, 8
+    cases: list[tuple[BaseException, Callable[[Any], object]]] = [
+        (SystemExit(3), lambda e: e.code),
+        (StopIteration(42), lambda e: e.value),
+        (ImportError("no module", name="foo", path="/p"), lambda e: (e.name, e.path)),
+        (UnicodeDecodeError("utf-8", b"\xff", 0, 1, "bad"), lambda e: (e.start, e.reason)),
+        (_Refused("db1"), lambda e: (e.errno, e.strerror, e.filename)),
+        (FileNotFoundError(2, "nope", "/f"), lambda e: (e.errno, e.filename, e.filename2)),
+        (coded, lambda e: (e.code, e.more)),
+    ]
+    for given, fields in cases:
+        copy = chaos.Error(given).build()
+        assert copy is not given
+        assert type(copy) is type(given)
+        assert fields(copy) == fields(given)
+        assert str(copy) == str(given)
+    assert str(chaos.Error(_Refused("db1")).build()) == "[Errno 111] db1 refused the connection"
 
 
 def test_fault_events_carry_the_call_s_key() -> None:
