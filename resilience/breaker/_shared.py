@@ -78,11 +78,10 @@ if quorum > 1 then
   reports = redis.call('ZCARD', KEYS[3])
   if reports < quorum then
     -- No fleet trip yet. Our own probe lease (our probe just failed) lasts our new
-    -- cool-down: no other process probes in it.
+    -- cool-down: no other process probes in it. Another process's lease is left
+    -- alone: its probe's cool-down is not over because we tripped.
     if redis.call('GET', KEYS[4]) == ARGV[2] then
       redis.call('PEXPIRE', KEYS[4], ttl)
-    else
-      redis.call('DEL', KEYS[4])
     end
     return {0, reports}
   end

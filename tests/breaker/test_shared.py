@@ -271,6 +271,35 @@ def test_with_a_quorum_a_failed_probe_still_keeps_the_others_from_probing(
     assert (a.shared.statistics()["won"], b.shared.statistics()["won"]) == (1, 0)
 
 
+def test_another_process_s_trip_below_the_quorum_leaves_the_probe_lease_alone(
+    fleet: Fleet,
+) -> None:
+    """quorum=3: a's failed probe holds its lease for a's new cool-down; a trip report
+    from another process (d, below the quorum) must not release it (it deleted the
+    lease, and b won a second probe in a's cool-down)."""
+    a, b, c = (fleet.add(open_for=0.5, quorum=3) for _ in range(3))
+    for breaker in (a, b, c):
+        for _ in range(2):
+            with pytest.raises((Boom, rs.CircuitOpen)):
+                breaker.call(boom)
+    assert wait_for(lambda: all(x.state is CircuitState.OPEN for x in (a, b, c)))
+    time.sleep(0.55)  # every cool-down over: real time, like Redis' own clock
+    with pytest.raises(Boom):
+        a.call(boom)  # a wins the probe, which fails
+    assert a.shared is not None
+    assert wait_for(lambda: a.shared is not None and a.shared.published >= 2)
+    d = fleet.add(open_for=0.5, quorum=3)
+    for _ in range(2):
+        with pytest.raises(Boom):
+            d.call(boom)  # d's own trip: two reports in the window, short of three
+    assert d.shared is not None
+    assert wait_for(lambda: d.shared is not None and d.shared.published >= 1)
+    with pytest.raises(rs.CircuitOpen):
+        b.call(boom)  # still within a's cool-down: a's lease holds
+    assert b.shared is not None
+    assert b.shared.statistics()["won"] == 0
+
+
 def test_a_manual_close_closes_a_manual_open_elsewhere(fleet: Fleet) -> None:
     """An operator's close() closes the fleet: also a process whose breaker was opened
     by hand, a cool-down of its own (it stayed open, rejecting, while the rest closed)."""
