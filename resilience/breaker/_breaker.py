@@ -895,7 +895,9 @@ class CircuitBreaker(PolicyBase):
         for core in cores:
             core.held_until = until
         if self._cores is not None and key is not None and until > now:
-            while self._peek(key) is not cores[0]:  # dropped before the hold took
+            # Dropped before the hold took: fetch it again, unless the hold is over by now
+            # (a hold shorter than the time one fetch takes would never take).
+            while self._peek(key) is not cores[0] and until > self._now():
                 cores = [self._core_of(key)]
                 cores[0].held_until = until
         return cores

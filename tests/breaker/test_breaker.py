@@ -552,6 +552,23 @@ def test_a_key_set_by_hand_outlives_idleness_and_a_full_map(fake_clock: FakeCloc
     assert "evil" not in breaker.states()
 
 
+class _TickingClock(FakeClock):
+    """Virtual time that moves 1 ms at every read, as real time moves between reads."""
+
+    def monotonic(self) -> float:
+        self.advance(0.001)
+        return super().monotonic()
+
+
+def test_opening_a_key_for_less_than_a_clock_read_returns() -> None:
+    """``open(key, seconds=...)`` shorter than the time between two clock reads, with an
+    idle_ttl as short: the key is gone again before its hold could be seen, and
+    ``open`` fetched it again forever."""
+    breaker = CircuitBreaker(key=lambda host: host, idle_ttl=1e-6, clock=_TickingClock())
+    breaker.open("alice", seconds=1e-6)
+    assert breaker.state_of("alice") is CircuitState.CLOSED  # its second is long over
+
+
 def test_a_key_closed_by_hand_under_a_breaker_wide_force_open_stays_closed(
     fake_clock: FakeClock,
 ) -> None:
