@@ -11,7 +11,7 @@ from typing import Any, Generic, ParamSpec, TypeVar, overload
 from ._clock import Clock
 from ._events import FallbackUsed
 from ._matching import ExceptionFilter, ExceptionMatcher
-from ._policy import PolicyBase, decorate, refuse_async
+from ._policy import PolicyBase, decorate, is_async_callable, refuse_async
 from ._timeout import Timeout
 from ._validate import check_clock
 from .errors import Rejected
@@ -117,6 +117,8 @@ class Fallback(PolicyBase, Generic[R]):
         self._callable = callable(value_or_callable)
         self._value = value_or_callable
         self._takes_error = self._callable and _accepts_argument(value_or_callable)
+        #: An ``async def`` fallback: it can answer async calls only.
+        self._async_only = self._callable and is_async_callable(value_or_callable)
         self._used = 0
 
     def __repr__(self) -> str:
@@ -162,6 +164,7 @@ class Fallback(PolicyBase, Generic[R]):
     ) -> T | R:
         """Run ``fn(*args, **kwargs)``; on a matching error return the fallback."""
         refuse_async(self, fn)
+        self._refuse_sync()
         try:
             return fn(*args, **kwargs)
         except Exception as exc:
@@ -195,6 +198,7 @@ class Fallback(PolicyBase, Generic[R]):
                     return await degraded_async(exc)
 
             return fallback_async
+        self._refuse_sync()
         degraded = self._degraded_sync
 
         def fallback_sync(*args: Any, **kwargs: Any) -> Any:
@@ -212,6 +216,15 @@ class Fallback(PolicyBase, Generic[R]):
         if inspect.isawaitable(result):
             result = await result
         return result
+
+    def _refuse_sync(self) -> None:
+        """An async fallback for a sync function fails when it is set up, not first in
+        the outage it was meant for."""
+        if self._async_only:
+            raise TypeError(
+                f"{self!r} is async and cannot serve a sync function; give a sync "
+                "callable (or decorate an async def function)"
+            )
 
     def _degraded_sync(self, exc: Exception) -> Any:
         result = self._degraded(exc)

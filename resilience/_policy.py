@@ -35,6 +35,7 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 _CO_COROUTINE = inspect.CO_COROUTINE
+_CO_REFUSED = _CO_COROUTINE | inspect.CO_GENERATOR | inspect.CO_ASYNC_GENERATOR
 
 
 @runtime_checkable
@@ -67,9 +68,35 @@ class Policy(Protocol):
 
 
 def is_generator_function(fn: object) -> bool:
-    """Whether ``fn`` is a generator function, sync or async (which :func:`decorate`
-    refuses; policies with their own decorator fast paths leave these to it)."""
-    return inspect.isasyncgenfunction(fn) or inspect.isgeneratorfunction(fn)
+    """Whether calling ``fn`` creates a generator, sync or async (which :func:`decorate`
+    and ``call`` refuse): a generator function or method, a ``functools.partial`` of
+    one, or an object whose ``__call__`` is one. Policies with their own decorator fast
+    paths leave these to :func:`decorate`."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    if inspect.isasyncgenfunction(fn) or inspect.isgeneratorfunction(fn):
+        return True
+    if not callable(fn) or inspect.isroutine(fn):
+        return False
+    call = type(fn).__call__
+    return inspect.isasyncgenfunction(call) or inspect.isgeneratorfunction(call)
+
+
+def refuse_generator(fn: object) -> None:
+    """Raise ``TypeError`` if calling ``fn`` creates a generator (see
+    :func:`is_generator_function`): a policy would time, retry or count nothing of the
+    work, which runs later, as the caller iterates, outside it."""
+    if not is_generator_function(fn):
+        return
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    target = fn if inspect.isroutine(fn) else type(fn).__call__
+    kind = "an async generator" if inspect.isasyncgenfunction(target) else "a generator"
+    raise TypeError(
+        f"{fn!r} is {kind} function: policies wrap calls that return once "
+        "(apply the policy to the calls the generator makes, or collect its items "
+        "in a function that returns them)"
+    )
 
 
 def is_async_callable(fn: object) -> bool:
@@ -89,13 +116,15 @@ def is_async_callable(fn: object) -> bool:
 
 
 def refuse_async(policy: object, fn: object) -> None:
-    """Refuse ``policy.call(async_fn)`` with ``TypeError``.
+    """Refuse ``policy.call(async_fn)`` (and generator functions) with ``TypeError``.
 
     The sync ``call`` of an ``async def`` function only creates the coroutine: the
     policy would admit, time or retry nothing of the work, which runs when the caller
     awaits the coroutine, outside the policy (``await breaker.call(fetch)`` reads
-    right and protects nothing). Functions and bound methods, the common cases, are
-    judged inline on their code flags; anything else by :func:`is_async_callable`.
+    right and protects nothing); a generator function's call only creates the
+    generator (see :func:`refuse_generator`). Functions and bound methods, the common
+    cases, are judged inline on their code flags; anything else by
+    :func:`is_async_callable` and :func:`is_generator_function`.
     """
     target, kind = fn, type(fn)
     if kind is _Layer:  # a pipeline's own layer: sync by construction
@@ -104,13 +133,20 @@ def refuse_async(policy: object, fn: object) -> None:
         target = fn.__func__  # type: ignore[attr-defined]
         kind = type(target)
     if kind is FunctionType:
-        if not target.__code__.co_flags & _CO_COROUTINE:  # type: ignore[attr-defined]
+        flags = target.__code__.co_flags  # type: ignore[attr-defined]
+        if not flags & _CO_REFUSED:
             return
+        if not flags & _CO_COROUTINE:
+            refuse_generator(target)
     else:
         try:
-            if not is_async_callable(target):
-                return
+            generator = is_generator_function(target)
+            coroutine = not generator and is_async_callable(target)
         except Exception:  # a proxy whose attributes misbehave: not ours to judge
+            return
+        if generator:
+            refuse_generator(target)
+        if not coroutine:
             return
     raise TypeError(
         f"{fn!r} is an async function: use `await policy.call_async(fn, ...)` "
@@ -142,15 +178,7 @@ def decorate(policy: Policy | Fallback[Any], fn: Callable[P, T]) -> Callable[P, 
         return cast(Callable[P, T], type(fn)(inner))
     if not callable(fn):
         raise TypeError(f"a policy decorates a function or method, got {fn!r}")
-    if is_generator_function(fn):
-        # A generator's call only creates it: the policy would time, retry or count
-        # nothing of the work, which runs later, outside it.
-        kind = "an async generator" if inspect.isasyncgenfunction(fn) else "a generator"
-        raise TypeError(
-            f"{fn!r} is {kind} function: policies wrap calls that return once "
-            "(apply the policy to the calls the generator makes, or collect its items "
-            "in a function that returns them)"
-        )
+    refuse_generator(fn)
     is_async = is_async_callable(fn)
     # A policy may offer a specialised wrapper body (same semantics as call/call_async,
     # fewer layers); it returns None when its configuration needs the general path.

@@ -623,6 +623,10 @@ class CircuitBreaker(PolicyBase):
             @rs.CircuitBreaker(failure_rate=0.5, open_for=30)
             async def fetch(url: str) -> bytes: ...
         """
+        if self._fallback is not None:
+            target = fn.__func__ if isinstance(fn, classmethod | staticmethod) else fn
+            if not is_async_callable(target):
+                self._fallback._refuse_sync()  # an async fallback= for a sync function
         if (
             not self._plain
             or self._fallback is not None

@@ -83,14 +83,52 @@ async def test_async_callable_is_awaited() -> None:
     assert await strong_model() == "cheap model"
 
 
-def test_async_fallback_for_sync_function_is_an_error() -> None:
-    """An async fallback cannot answer a sync call; the error says so."""
+def test_async_fallback_for_sync_function_is_an_error_when_set_up() -> None:
+    """An async fallback cannot answer a sync call; the error comes when the function is
+    decorated or called, not first in the outage the fallback was meant for (the call
+    succeeded until the dependency failed)."""
 
     async def degraded() -> str:
         return "x"
 
-    with pytest.raises(TypeError, match="async fallback"):
-        rs.Fallback(degraded)(lambda: (_ for _ in ()).throw(rs.Rejected()))()
+    ran: list[str] = []
+
+    def works() -> str:
+        ran.append("works")
+        return "fresh"
+
+    with pytest.raises(TypeError, match="is async and cannot serve a sync function"):
+        rs.Fallback(degraded)(works)
+    with pytest.raises(TypeError, match="is async and cannot serve a sync function"):
+        rs.Fallback(degraded).call(works)
+    with pytest.raises(TypeError, match="is async and cannot serve a sync function"):
+        rs.CircuitBreaker(fallback=degraded)(works)
+    with pytest.raises(TypeError, match="is async and cannot serve a sync function"):
+        rs.CircuitBreaker(fallback=degraded).call(works)
+    with pytest.raises(TypeError, match="is async and cannot serve a sync function"):
+        rs.Pipeline(rs.Fallback(degraded), rs.Retry(on=OSError))(works)
+    assert ran == []
+
+
+@pytest.mark.anyio
+async def test_async_fallback_serves_async_functions_and_methods() -> None:
+    """The same fallbacks are fine on async functions, static methods included."""
+
+    async def degraded() -> str:
+        return "x"
+
+    class Client:
+        @rs.CircuitBreaker(fallback=degraded)
+        @staticmethod
+        async def fetch() -> str:
+            raise rs.CircuitOpen()
+
+    @rs.Fallback(degraded)
+    async def fetch() -> str:
+        raise rs.CircuitOpen()
+
+    assert await fetch() == "x"
+    assert await Client.fetch() == "x"
 
 
 @pytest.mark.parametrize(("factory", "expected"), [(dict, {}), (list, []), (set, set())])

@@ -149,7 +149,7 @@ def test_methods_of_every_kind() -> None:
 )
 def test_generator_functions_are_refused(policy: Any) -> None:
     """Calling a generator function only creates the generator, so a policy around it
-    would guard nothing: both kinds are refused when decorated."""
+    would guard nothing: both kinds are refused, decorated or called."""
 
     def items() -> Any:
         yield 1
@@ -157,10 +157,23 @@ def test_generator_functions_are_refused(policy: Any) -> None:
     async def stream() -> Any:
         yield 1
 
+    class Items:
+        def __call__(self) -> Any:
+            yield 1
+
     with pytest.raises(TypeError, match="is a generator function"):
         policy(items)
     with pytest.raises(TypeError, match="is an async generator function"):
         policy(stream)
+    # Also through call() (it returned the generator, unguarded: a Timeout(0.05)
+    # around a 0.3 s iteration raised nothing), partials and callable objects.
+    for target in (items, functools.partial(items), Items()):
+        with pytest.raises(TypeError, match="is a generator function"):
+            policy.call(target)
+        with pytest.raises(TypeError, match="is a generator function"):
+            policy(target)
+    with pytest.raises(TypeError, match="is an async generator function"):
+        policy.call(stream)
 
 
 @pytest.mark.parametrize(
