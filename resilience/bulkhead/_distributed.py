@@ -484,6 +484,9 @@ class Distributed:
                     if not self.failover.use_backend():  # Redis failed meanwhile
                         self.failover.fallback(key)
                         return self._degraded(key, priority, self._wait_left(attempt))
+                    delay = self._turn(attempt)
+                    if delay:
+                        continue
                 self._before_try(attempt)
                 try:
                     reply = self.acquire_script.run(
@@ -522,6 +525,9 @@ class Distributed:
                         self.failover.fallback(key)
                         wait = self._wait_left(attempt)
                         return await self._degraded_async(key, priority, wait, may_wait)
+                    delay = self._turn(attempt)
+                    if delay:
+                        continue
                 self._before_try(attempt)
                 try:
                     reply = await self.acquire_script.run_async(
@@ -580,6 +586,25 @@ class Distributed:
         attempt.signal = attempt.signal_factory()
         self._enqueue(attempt)
         return 0.0 if self._is_head(attempt) else budget
+
+    def _turn(self, attempt: _Attempt) -> float:
+        """After a sleep: 0.0 to ask Redis now, or the seconds to sleep on.
+
+        Only the first in line asks: a waiter whose sleep ran out (the earliest lease
+        expiry it slept to as the head) after a more urgent one queued ahead of it
+        waits for its turn, or its deadline (then refused without a round trip), instead
+        of taking the slot from under the new head.
+        """
+        if not attempt.queued:
+            return 0.0
+        attempt.signal.clear()  # before the check: a wake that makes it the head is kept
+        if self._is_head(attempt):
+            return 0.0
+        assert attempt.deadline is not None  # queued: it has one
+        remaining = attempt.deadline - _now()
+        if remaining <= 0:
+            raise self._rejected(attempt.key)
+        return remaining
 
     def _before_try(self, attempt: _Attempt) -> None:
         if attempt.signal is not None:

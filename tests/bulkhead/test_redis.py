@@ -170,6 +170,37 @@ def test_local_waiters_for_redis_are_served_by_priority(
     assert (stats.in_flight, stats.waiting, stats.shared_in_flight) == (0, 0, 0)
 
 
+@pytest.mark.anyio
+async def test_priority_holds_when_the_slot_frees_by_lease_expiry(
+    backends: Callable[..., RedisBackend],
+) -> None:
+    """A crashed holder's lease runs out (no release to notify): a batch waiter that
+    was first in line slept until that expiry; an interactive one queued after it is
+    first now. The batch waiter's timer must not win it the slot (it asked Redis as
+    it woke, and took the slot in about half the trials)."""
+    bulkhead = rs.Bulkhead(1, backend=backends(), name="expiry", lease=0.3, max_wait=5.0)
+    remote = bulkhead._remote
+    assert remote is not None
+    for trial in range(4):
+        keys = remote.keys_for("k")
+        assert int(remote.acquire_script.run(keys, remote.acquire_args(f"crashed{trial}"))[0])
+        order: list[str] = []
+
+        async def wait(name: str, priority: int) -> None:
+            permit = await bulkhead.acquire_async("k", priority=priority)
+            order.append(name)
+            await anyio.sleep(0.01)
+            await permit.release_async()
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(wait, "batch", 10)
+            with anyio.fail_after(5):
+                while bulkhead.statistics("k").waiting < 1:
+                    await anyio.sleep(0.005)
+            group.start_soon(wait, "interactive", 0)
+        assert order == ["interactive", "batch"], f"trial {trial}"
+
+
 def test_renewal_keeps_a_long_call_s_lease(backends: Callable[..., RedisBackend]) -> None:
     """A holder running longer than its lease keeps the slot (renewed every lease/3)."""
     bulkhead = rs.Bulkhead(1, backend=backends(), name="renew", lease=0.3)
