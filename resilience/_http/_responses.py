@@ -3,15 +3,24 @@
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import anyio
 import httpx
 
+from ..bulkhead import LeaseLost
 from ._signals import SIGNAL_FIELDS
 
-__all__ = ["HeldStream", "aclose_quietly", "discard", "mentions_signals"]
+__all__ = [
+    "HeldStream",
+    "aclose_quietly",
+    "discard",
+    "mentions_signals",
+    "release_slot",
+    "release_slot_async",
+]
 
 
 class HeldStream(httpx.SyncByteStream, httpx.AsyncByteStream):
@@ -32,18 +41,42 @@ class HeldStream(httpx.SyncByteStream, httpx.AsyncByteStream):
             yield chunk
 
     def close(self) -> None:
-        """Close the body, then release the slot (whatever closing raised)."""
+        """Close the body, then release the slot (whatever closing raised).
+
+        A distributed slot whose lease was lost meanwhile (Redis restarted, say) is not
+        the response's failure: see :func:`release_slot`.
+        """
         try:
             self._stream.close()
         finally:
-            self._slot.release()
+            release_slot(self._slot)
 
     async def aclose(self) -> None:
-        """Close the body, then release the slot (whatever closing raised)."""
+        """Close the body, then release the slot (whatever closing raised), without
+        blocking the event loop on a distributed slot's round trip."""
         try:
             await self._stream.aclose()
         finally:
-            await self._slot.release_async()
+            await release_slot_async(self._slot)
+
+
+def release_slot(slot: Any) -> None:
+    """Give a bulkhead slot back.
+
+    A lease lost meanwhile does not raise :class:`~resilience.LeaseLost` here: the
+    bulkhead reported it (``BulkheadLeaseLost``, ``on_lost`` hooks), and the exchange
+    it guarded is whole (``client.get()`` lost good answers to it), or already failed
+    with an error of its own that matters more.
+    """
+    with contextlib.suppress(LeaseLost):
+        slot.release()
+
+
+async def release_slot_async(slot: Any) -> None:
+    """:func:`release_slot` for async callers: a distributed slot's round trip is
+    awaited, not run on the event loop, and done in a cancelled scope too (shielded)."""
+    with anyio.CancelScope(shield=True), contextlib.suppress(LeaseLost):
+        await slot.release_async()
 
 
 def mentions_signals(headers: httpx.Headers) -> bool:

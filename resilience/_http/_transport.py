@@ -61,7 +61,14 @@ from ._config import (
 from ._events import HedgeStarted, HostPaused
 from ._hosts import Host, HostTable, check_host_patterns, host_key, split_port
 from ._latency import Latencies
-from ._responses import HeldStream, aclose_quietly, discard, mentions_signals
+from ._responses import (
+    HeldStream,
+    aclose_quietly,
+    discard,
+    mentions_signals,
+    release_slot,
+    release_slot_async,
+)
 from ._signals import read_signals
 
 __all__ = ["ResilientTransport"]
@@ -441,7 +448,7 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observab
                         )
         if slot is not None:
             if response.is_closed:  # already read (a canned response): nothing to stream
-                slot.release()
+                release_slot(slot)
             else:
                 response.stream = HeldStream(response.stream, slot)
         return response
@@ -564,7 +571,7 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observab
     def _drop_hedge(admitted: _Hedge) -> None:
         _, slot, ticket = admitted
         if slot is not None:
-            slot.release()
+            release_slot(slot)
         if ticket is not None:
             ticket.ignore()
 
@@ -724,15 +731,15 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observab
             if host.breaker is not None:
                 ticket = host.breaker.acquire_nowait(host.breaker_key)
         except BaseException as exc:
-            self._not_sent(slot, run, exc)
+            if slot is not None:
+                release_slot(slot)
+            self._not_sent(run, exc)
             raise
         return self._exchange(request, host, inner, slot, ticket)
 
-    def _not_sent(self, slot: Any, run: _Run | None, exc: BaseException) -> None:
-        """An attempt that ends before it is sent: its slot back, and a retry
-        interrupted while it waited (cancelled, not refused) is not made."""
-        if slot is not None:
-            slot.release()
+    def _not_sent(self, run: _Run | None, exc: BaseException) -> None:
+        """An attempt that ends before it is sent (its slot given back by the shell): a
+        retry interrupted while it waited (cancelled, not refused) is not made."""
         if run is not None and not isinstance(exc, Exception):
             self._unschedule(run)
 
@@ -749,7 +756,7 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observab
             response = inner.handle_request(request)
         except BaseException as exc:
             if slot is not None:
-                slot.release()
+                release_slot(slot)
             self._failed(ticket, exc)
             raise
         return self._received(host, slot, ticket, response, start)
@@ -774,7 +781,7 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observab
                 ticket = host.breaker.acquire_nowait(host.breaker_key)
         except BaseException as exc:
             if slot is not None:
-                slot.release()
+                release_slot(slot)
             if isinstance(exc, _NotNow | Rejected | httpx.TimeoutException):
                 return None
             raise
@@ -960,7 +967,9 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observab
             if host.breaker is not None:
                 ticket = await host.breaker.acquire_async(host.breaker_key)
         except BaseException as exc:
-            self._not_sent(slot, run, exc)
+            if slot is not None:
+                await release_slot_async(slot)
+            self._not_sent(run, exc)
             raise
         return await self._exchange_async(request, host, inner, slot, ticket)
 
@@ -977,7 +986,7 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observab
             response = await inner.handle_async_request(request)
         except BaseException as exc:
             if slot is not None:
-                slot.release()
+                await release_slot_async(slot)
             self._failed(ticket, exc)
             raise
         return self._received(host, slot, ticket, response, start)
@@ -1002,7 +1011,7 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observab
                 ticket = await host.breaker.acquire_async(host.breaker_key)
         except BaseException as exc:
             if slot is not None:
-                slot.release()
+                await release_slot_async(slot)
             if isinstance(exc, _NotNow | Rejected | httpx.TimeoutException):
                 return None
             raise
