@@ -144,10 +144,16 @@ class SqliteCache(Cache):
         self.db.close()
 
 
+_POOL_SIZE = 32
+_POOL_WAIT = 1.0
+_CONNECT_TIMEOUT = 0.5
+
+
 class RedisCache(Cache):
     """The shared cache on Redis, behind a circuit breaker.
 
-    Every call is bounded by ``timeout`` seconds (no client-side retries); after two
+    Every command is bounded by ``timeout`` seconds (no client-side retries; a call may
+    first wait up to a second for one of the pool's 32 connections); after two
     failures in a row the breaker opens and the cache answers "miss" at once for a
     second, then one call probes Redis again. A dead Redis costs the service one
     timeout per second, not one per request.
@@ -161,11 +167,20 @@ class RedisCache(Cache):
 
         import resilience as rs
 
-        self.client = aioredis.Redis.from_url(
-            url,
-            socket_timeout=timeout,
-            socket_connect_timeout=timeout,
-            retry=Retry(NoBackoff(), 0),
+        # A bounded pool: a burst of lookups on a cold pool opened one connection each,
+        # at once, and the connects that missed the command timeout on a busy loop
+        # failed healthy lookups and tripped the breaker (503s with Redis idle). A
+        # connection is waited for up to _POOL_WAIT (commands take well under 1 ms),
+        # and a connect gets _CONNECT_TIMEOUT (a refused one fails at once anyway).
+        self.client = aioredis.Redis(
+            connection_pool=aioredis.BlockingConnectionPool.from_url(
+                url,
+                max_connections=_POOL_SIZE,
+                timeout=_POOL_WAIT,
+                socket_timeout=timeout,
+                socket_connect_timeout=max(timeout, _CONNECT_TIMEOUT),
+                retry=Retry(NoBackoff(), 0),
+            )
         )
         self.prefix = prefix
         self.breaker = rs.CircuitBreaker(

@@ -127,6 +127,16 @@ def _retry_after(response: httpx.Response) -> float | None:
         return None
 
 
+def _unsatisfiable_total(response: httpx.Response) -> int | None:
+    """The size a 416 answer gives (``Content-Range: bytes */<size>``), if any."""
+    value = response.headers.get("content-range", "")
+    unit, _, rest = value.partition(" ")
+    if unit.strip().lower() != "bytes" or not rest.startswith("*/"):
+        return None
+    total = rest[2:].strip()
+    return int(total) if total.isdigit() else None
+
+
 _PATHS = {
     "metadata": "/api/videos/{id}",
     "video": "/media/{id}/video",
@@ -391,6 +401,18 @@ class Pipeline:
                     await response.aread()  # small error bodies: keep the connection
                     if status == 404:
                         raise NotFound(url)
+                    if status == 416:
+                        if offset and offset == _unsatisfiable_total(response):
+                            # The .part is the whole file (a transfer that broke after its
+                            # last byte): it is the file, nothing is left to fetch.
+                            info["bytes"] = offset
+                            save = functools.partial(
+                                _save_part, part, [], append=True, final=directory / stage
+                            )
+                            await _to_the_end(save)
+                            return
+                        # A .part the platform cannot resume: the next try starts over.
+                        await _to_the_end(functools.partial(part.unlink, missing_ok=True))
                     raise UpstreamStatus(status, _retry_after(response))
                 if status == 206:
                     info["resumed_from"] = offset

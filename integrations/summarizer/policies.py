@@ -224,6 +224,9 @@ class ResilientDownloads(Downloads):
             backend=backend,
             # while Redis is down each worker keeps its share of the fleet-wide limit
             local_limit=max(1, cfg.domain_limit // max(1, cfg.workers)),
+            # A lease lost mid-transfer (Redis restarted) is an event, not the download's
+            # failure: what arrived is whole, and the slot is gone either way.
+            on_lease_lost="event",
             name="summarizer.downloads",
         )
         self.limiter = rs.RateLimiter(

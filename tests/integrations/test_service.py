@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
+from collections import Counter
 
+import httpx
 import pytest
 
+from integrations.summarizer.config import ENV, ServiceConfig
 from integrations.summarizer.content import media_bytes
+from integrations.summarizer.servers import ChildProcess
 
 
 def _platform_requests(app, domain: str) -> int:
@@ -58,6 +63,29 @@ def test_download_cut_halfway_resumes_from_part_offset(make_service, platforms, 
     v = app.video_of("streamly.test", "resume1")
     path = svc.service.pipeline.media / "streamly.test" / "resume1" / "v1" / "video"
     assert path.read_bytes() == media_bytes(v, "video", 0, v.video_size)
+
+
+@pytest.mark.parametrize("extra", [0, 7])
+def test_a_part_holding_the_whole_file_or_more_ends_the_stage(make_service, platforms, extra):
+    """A .part left holding every byte (a transfer that failed after its last one) is
+    the file: the platform's 416 for ``Range: bytes=<size>-`` ends the stage (it was
+    retried until the job's deadline, 3-5 requests a second, and the job degraded).
+    A .part longer than the file (``extra``) is dropped and fetched again."""
+    _, app = platforms
+    v = app.video_of("clipzone.test", "whole1")
+    svc = make_service()
+    directory = svc.service.pipeline.media / "clipzone.test" / "whole1" / "v1"
+    directory.mkdir(parents=True)
+    (directory / "video.part").write_bytes(media_bytes(v, "video", 0, v.video_size) + b"x" * extra)
+    job_id = svc.submit("https://clipzone.test/watch/whole1").json()["id"]
+    doc = svc.wait(job_id)
+    assert doc["outcome"] == "full"
+    statuses = app.stats["clipzone.test"].statuses
+    assert statuses["416"] == 1
+    videos = [e["status"] for e in app.stats["clipzone.test"].log if e["kind"] == "video"]
+    assert videos == ([] if extra == 0 else [200])  # a 416 is not logged as a transfer
+    assert (directory / "video").read_bytes() == media_bytes(v, "video", 0, v.video_size)
+    assert not (directory / "video.part").exists()
 
 
 def test_repeated_url_is_served_from_cache_without_upstreams(make_service, platforms, models):
@@ -201,6 +229,62 @@ def test_every_stream_ends_with_done_on_redis(make_service, redis_server):
     ids = [svc.submit(f"https://vidhub.test/watch/redisdone{i}").json()["id"] for i in range(8)]
     ends = [_streamed_events(svc, job_id)[-1] for job_id in ids]
     assert ends == ["done"] * len(ids)
+
+
+def test_a_burst_of_lookups_on_a_healthy_redis_gets_no_503(
+    redis_server, platforms, models, tmp_path
+):
+    """250 concurrent lookups of unknown ids on a fresh service with Redis up are 404s:
+    the cache opened a connection per lookup at once, the connects that missed the
+    0.1 s command timeout failed, tripped the cache breaker, and most were 503s. The
+    service runs in its own process, as deployed (in this one, the client's burst
+    would slow its event loop past its request timeout)."""
+    cfg = ServiceConfig(
+        platforms=("127.0.0.1", platforms[0].port),
+        models=("127.0.0.1", models[0].port),
+        workdir=str(tmp_path / "work"),
+        redis_url=redis_server.url,
+        user_rate="10000/s",
+        user_burst=10000,
+    )
+    child = ChildProcess(["serve", "--port", "0"], env={ENV: cfg.to_json()}).start()
+    try:
+        url = f"http://127.0.0.1:{child.info['port']}"
+
+        async def burst() -> list[int]:
+            limits = httpx.Limits(max_connections=300)
+            async with httpx.AsyncClient(base_url=url, timeout=20, limits=limits) as client:
+                answers = await asyncio.gather(
+                    *(client.get(f"/summaries/nope{i}") for i in range(250))
+                )
+            return [response.status_code for response in answers]
+
+        statuses = asyncio.run(burst())
+    finally:
+        child.stop()
+    assert Counter(statuses) == {404: 250}
+
+
+@pytest.mark.parametrize("seam", ["transport", "compose"])
+def test_leases_lost_mid_download_lose_no_download(make_service, platforms, redis_server, seam):
+    """Redis loses its data (a restart) while a video downloads: the download holds a
+    slot whose lease is gone, and finishes all the same (closing it raised LeaseLost: a
+    complete video was thrown away, left as a .part, and the job degraded)."""
+    _, app = platforms
+    v = app.video_of("vidhub.test", "leaselost1")
+    app.control("vidhub.test").bandwidth = v.video_size / 1.0  # about a second
+    svc = make_service(redis_url=redis_server.url, download_seam=seam)
+    job_id = svc.submit("https://vidhub.test/watch/leaselost1").json()["id"]
+    deadline = time.monotonic() + 10
+    while svc.client.get(f"/summaries/{job_id}").json()["stages"]["video"]["bytes"] == 0:
+        assert time.monotonic() < deadline, "the video never started"
+        time.sleep(0.01)
+    redis_server.command("FLUSHALL")
+    doc = svc.wait(job_id)
+    assert doc["outcome"] == "full"
+    assert doc["stages"]["video"]["attempts"] == 1
+    path = svc.service.pipeline.media / "vidhub.test" / "leaselost1" / "v1" / "video"
+    assert path.read_bytes() == media_bytes(v, "video", 0, v.video_size)
 
 
 def test_a_redis_outage_is_not_taken_for_an_unknown_id(make_service, redis_server):
