@@ -8,6 +8,7 @@ from re import Pattern
 from typing import Any, Literal
 
 import anyio
+from anyio.abc import TaskGroup
 
 from .._clock import Clock
 from .._events import GLOBAL_LISTENERS, Listener
@@ -175,6 +176,7 @@ class _Plan:
         "queue",
         "queued",
         "rejected",
+        "take_now",
     )
 
     def __init__(
@@ -197,6 +199,9 @@ class _Plan:
         #: Counts and reports a refusal as the bulkhead's own (``CallRejected``).
         self.rejected: Callable[[Any], BulkheadFull] | None = None
         self.acquire: Callable[..., Any] = bulkhead.acquire_async
+        #: ``take_now(key)``: a free slot at once or ``None``, quietly (the first step
+        #: of ``queued``), for an in-process bulkhead: the common case costs no more.
+        self.take_now: Callable[[Any], Permit | None] | None = None
         if (
             isinstance(bulkhead, Bulkhead)
             and type(bulkhead).acquire_async is Bulkhead.acquire_async
@@ -207,6 +212,8 @@ class _Plan:
             )
             self.queued = quiet
             self.rejected = bulkhead._rejected
+            if bulkhead._remote is None:
+                self.take_now = bulkhead._take_quietly
         self.policy = str(getattr(bulkhead, "name", "Bulkhead"))
         self.key = None if key is None else _as_key(key).func
         if callable(priority):
@@ -241,8 +248,10 @@ class ConcurrencyLimitMiddleware(Observed):
     refused), any other newcomer gets a free slot or is refused at once. A request that
     does not get in is refused with ``503``, ``Retry-After`` and an
     ``application/problem+json`` body of type ``temporary-reduced-capacity``. ``key``
-    makes the cap per key (per client, per tenant); keys are hashed first. Websocket and
-    lifespan scopes pass through unless a rule names them.
+    makes the cap per key (per client, per tenant); keys are hashed first. A request
+    whose client hangs up while it waits leaves the queue and never runs (counted in
+    :attr:`abandoned`). Websocket and lifespan scopes pass through unless a rule names
+    them.
 
     Example::
 
@@ -267,6 +276,7 @@ class ConcurrencyLimitMiddleware(Observed):
         "_problem",
         "_scope_app",
         "_scope_types",
+        "abandoned",
         "app",
         "name",
         "retry_after",
@@ -337,11 +347,13 @@ class ConcurrencyLimitMiddleware(Observed):
         )
         #: Requests refused with 503 so far.
         self.shed = 0
+        #: Requests whose client left while they waited in the queue (never run).
+        self.abandoned = 0
 
     def statistics(self) -> dict[str, int]:
         """Counters since construction.
 
-        Example: ``middleware.statistics()   # {"shed": 12}``
+        Example: ``middleware.statistics()   # {"shed": 12}`` (see also :attr:`abandoned`)
         """
         return {"shed": self.shed}
 
@@ -384,10 +396,7 @@ class ConcurrencyLimitMiddleware(Observed):
         observed = bool(GLOBAL_LISTENERS or self._listeners)
         started = self._clock.monotonic() if observed else 0.0
         try:
-            if plan.queue.max_queue is None:
-                permit = await plan.acquire(key, priority=priority, max_wait=plan.max_wait)
-            else:
-                permit = await self._acquire_queued(plan, key, priority)
+            admission = await _admit(plan, key, priority, receive if kind == "http" else None)
         except (BulkheadFull, BackendError) as exc:
             self.shed += 1
             hint = getattr(exc, "retry_after", None)
@@ -399,6 +408,12 @@ class ConcurrencyLimitMiddleware(Observed):
             else:
                 await self._problem.send_websocket(send, scope, 1013, headers)
             return
+        if admission is None:  # the client left while its request waited: nobody to answer
+            self.abandoned += 1
+            return
+        permit, watched = admission
+        if watched is not None:
+            receive = watched
         if not observed:
             try:
                 await self.app(scope, receive, send)
@@ -457,63 +472,131 @@ class ConcurrencyLimitMiddleware(Observed):
                     )
                 )
 
-    @staticmethod
-    async def _acquire_queued(plan: _Plan, key: str | None, priority: int | None) -> Any:
-        """Acquire as one of at most ``max_queue`` waiters of ``key`` for the bulkhead.
 
-        The bound applies when a request would queue (no slot free): then, with the
-        queue full, a newcomer more urgent than the least urgent waiter takes that
-        waiter's place (the newest of the least urgent class is refused, so
-        interactive requests are not shed while batch ones wait); otherwise it is
-        refused. Raises :class:`BulkheadFull` when refused or displaced.
-        """
-        queue = plan.queue
-        rank = plan.default_rank if priority is None else priority
-        queue.arrivals += 1
-        waiter = _Waiter(rank, queue.arrivals)
-        line: list[_Waiter] | None = None
+async def _admit(
+    plan: _Plan, key: str | None, priority: int | None, receive: Receive | None
+) -> tuple[Any, Receive | None] | None:
+    """A permit of the plan's bulkhead for one request, with the ``receive`` the app
+    must use (``None``: its own); ``None`` if the client left while it waited.
 
-        def may_wait() -> bool:
-            nonlocal line
-            if line is not None:
-                # Asked again for the same request (a distributed bulkhead whose Redis
-                # failed while it waited moves it to its local twin): it is in line.
-                return True
-            line = queue.waiting.get(key)
-            if line is None:
-                line = queue.waiting[key] = []
-            if len(line) >= queue.max_queue:  # type: ignore[operator]
-                victim = max(line, key=_Waiter.order, default=None)
-                if victim is None or victim.rank <= rank:
-                    if not line:
-                        del queue.waiting[key]
-                    line = None
-                    return False
-                line.remove(victim)
-                victim.evicted = True
-                victim.scope.cancel()
-            line.append(waiter)
+    The queue is bounded by ``max_queue`` per key: when a request would queue (no slot
+    free) and the queue is full, a newcomer more urgent than the least urgent waiter
+    takes that waiter's place (the newest of the least urgent class is refused, so
+    interactive requests are not shed while batch ones wait); otherwise it is refused.
+    Raises :class:`BulkheadFull` when refused or displaced.
+
+    While an HTTP request waits, its ``receive`` is watched for the client leaving
+    (``http.disconnect``): a request nobody will read leaves the queue and never runs.
+    The messages read meanwhile (an empty or one-message body) are given to the app
+    first; a body of several messages is left unread, for the app.
+    """
+    take_now = plan.take_now
+    if take_now is not None:
+        free = take_now(key)
+        if free is not None:
+            return free, None
+    queue = plan.queue
+    rank = plan.default_rank if priority is None else priority
+    queue.arrivals += 1
+    waiter = _Waiter(rank, queue.arrivals)
+    line: list[_Waiter] | None = None
+    group: TaskGroup | None = None
+    watcher = anyio.CancelScope()
+    buffered: list[Message] = []
+    gone = False
+
+    def may_wait() -> bool:
+        nonlocal line, group
+        if line is not None:
+            # Asked again for the same request (a distributed bulkhead whose Redis
+            # failed while it waited moves it to its local twin): it is in line.
             return True
-
-        try:
-            with waiter.scope:
-                if plan.queued is not None:
-                    return await plan.queued(key, priority, plan.max_wait, may_wait)
-                # A bulkhead of another kind: counted as waiting from its arrival.
-                if not may_wait():
-                    return await plan.acquire(key, priority=priority, max_wait=0.0)
-                return await plan.acquire(key, priority=priority, max_wait=plan.max_wait)
-        finally:
-            if line is not None:
-                if not waiter.evicted:
-                    line.remove(waiter)
-                if not line and queue.waiting.get(key) is line:
+        line = queue.waiting.get(key)
+        if line is None:
+            line = queue.waiting[key] = []
+        if queue.max_queue is not None and len(line) >= queue.max_queue:
+            victim = max(line, key=_Waiter.order, default=None)
+            if victim is None or victim.rank <= rank:
+                if not line:
                     del queue.waiting[key]
-        # Only our own scope's cancellation ends the block without a permit: a more
-        # urgent newcomer displaced this request. The bulkhead counts and reports it.
+                line = None
+                return False
+            line.remove(victim)
+            victim.evicted = True
+            victim.scope.cancel()
+        line.append(waiter)
+        if group is not None:
+            group.start_soon(watch)
+            group = None  # one watcher
+        return True
+
+    async def watch() -> None:
+        nonlocal gone
+        assert receive is not None
+        with watcher:
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    gone = True
+                    waiter.scope.cancel()
+                    return
+                buffered.append(message)
+                if message.get("more_body", False):
+                    return  # a body of several messages: the app's to read
+
+    async def wait_in_line() -> Any:
+        with waiter.scope:
+            if plan.queued is not None:
+                return await plan.queued(key, priority, plan.max_wait, may_wait)
+            # A bulkhead of another kind: counted as waiting from its arrival.
+            if not may_wait():
+                return await plan.acquire(key, priority=priority, max_wait=0.0)
+            return await plan.acquire(key, priority=priority, max_wait=plan.max_wait)
+        return None  # our own scope was cancelled: displaced, or the client left
+
+    permit: Any = None
+    failure: Exception | None = None
+    try:
+        if receive is None:
+            permit = await wait_in_line()
+        else:
+            async with anyio.create_task_group() as tasks:
+                group = tasks
+                try:
+                    permit = await wait_in_line()
+                except Exception as exc:  # raised below, not in the task group's group
+                    failure = exc
+                finally:
+                    watcher.cancel()
+    finally:
+        if line is not None:
+            if not waiter.evicted:
+                line.remove(waiter)
+            if not line and queue.waiting.get(key) is line:
+                del queue.waiting[key]
+    if gone:
+        if permit is not None:  # admitted as the client left: the slot goes back at once
+            await _release_async(permit)
+        return None
+    if failure is not None:
+        raise failure
+    if permit is None:
+        # A more urgent newcomer displaced this request. The bulkhead counts and
+        # reports it.
         if plan.rejected is not None:
             raise plan.rejected(key)
         raise BulkheadFull("displaced from the full queue by a more urgent request")
+    if not buffered:
+        return permit, None
+    assert receive is not None
+    own_receive = receive
+
+    async def replay() -> Message:
+        if buffered:
+            return buffered.pop(0)
+        return await own_receive()
+
+    return permit, replay
 
 
 async def _release_async(permit: Any) -> None:

@@ -248,6 +248,12 @@ class Bulkhead(PolicyBase):
             self._report_held(key, 0.0, permit.release)
         return permit
 
+    def _take_quietly(self, key: Hashable) -> Permit | None:
+        """A free slot of ``key`` now, or ``None``: no event, no rejection counted (the
+        first step of :meth:`_acquire_quietly_async`, for an in-process bulkhead)."""
+        n = self._slots.try_acquire(key)
+        return Permit(self, key, self._sample_start(n)) if n else None
+
     def _try_quietly(self, key: Hashable) -> Permit | None:
         """A slot of ``key`` if one is free now, else ``None`` without counting a
         rejection (for optional work that is just not done, like a hedge); an admission

@@ -698,3 +698,111 @@ def test_an_exempt_wildcard_is_still_accepted() -> None:
     """The leading-slash check of exempt paths concerns literal paths: "*" (every path)
     and "/static/*" are patterns, checked as before."""
     ConcurrencyLimitMiddleware(ok_app, bulkhead=Bulkhead(1), exempt=["*", "/static/*"])
+
+
+class Client:
+    """A client of one request: its body, then (after ``leave()``) a disconnect."""
+
+    def __init__(self, body: list[bytes] | None = None) -> None:
+        chunks = body or [b""]
+        self.messages: list[dict[str, Any]] = [
+            {"type": "http.request", "body": chunk, "more_body": i < len(chunks) - 1}
+            for i, chunk in enumerate(chunks)
+        ]
+        self.left = anyio.Event()
+        self.sent: list[dict[str, Any]] = []
+
+    def leave(self) -> None:
+        self.left.set()
+
+    async def receive(self) -> dict[str, Any]:
+        if self.messages:
+            return self.messages.pop(0)
+        await self.left.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(self, message: dict[str, Any]) -> None:
+        self.sent.append(message)
+
+
+async def _queued_client_leaves(bulkhead: Bulkhead) -> None:
+    gate = Gate()
+    app = ConcurrencyLimitMiddleware(gate, bulkhead=bulkhead, max_queue=2)
+    holder, leaving, staying = Client(), Client(), Client()
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(app, http_scope("/hold"), holder.receive, holder.send)
+            await wait_for(lambda: gate.entered)
+            tg.start_soon(app, http_scope("/gone"), leaving.receive, leaving.send)
+            await wait_for(lambda: bulkhead.statistics().waiting == 1)
+            tg.start_soon(app, http_scope("/stays"), staying.receive, staying.send)
+            await wait_for(lambda: bulkhead.statistics().waiting == 2)
+            leaving.leave()
+            await wait_for(lambda: bulkhead.statistics().waiting == 1)
+            # Its place is free: another request may queue (max_queue=2).
+            late = Client()
+            tg.start_soon(app, http_scope("/late"), late.receive, late.send)
+            await wait_for(lambda: bulkhead.statistics().waiting == 2)
+            gate.release.set()
+    assert gate.entered == ["/hold", "/stays", "/late"]  # "/gone" never ran
+    assert leaving.sent == []  # nobody to answer
+    assert app.abandoned == 1
+    assert app.statistics() == {"shed": 0}
+    assert bulkhead.statistics().in_flight == 0
+
+
+async def test_a_client_that_leaves_while_queued_leaves_the_queue() -> None:
+    """A request whose client hangs up while it waits for a slot leaves the queue and
+    never runs (it kept its place, filled the bounded queue so that newcomers got 503,
+    and then ran for nobody)."""
+    await _queued_client_leaves(Bulkhead(1, max_wait=60, clock=FakeClock()))
+
+
+@pytest.mark.redis
+async def test_a_client_that_leaves_while_queued_for_a_distributed_slot(
+    redis_server: Any,
+) -> None:
+    """The same with the slots in Redis: its waiter is cancelled, no lease is left."""
+    from resilience.backends import RedisBackend
+
+    bulkhead = Bulkhead(
+        1, max_wait=60, backend=RedisBackend.from_url(redis_server.url), name="asgi-leave"
+    )
+    try:
+        await _queued_client_leaves(bulkhead)
+        assert bulkhead.statistics().shared_in_flight == 0
+    finally:
+        bulkhead.close()
+
+
+async def test_what_is_read_while_queued_reaches_the_app() -> None:
+    """Watching for a disconnect reads the request's one body message: the app gets it
+    all the same; a body of several messages is left for the app to read."""
+    received: list[bytes] = []
+    gate = Gate()
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["path"] == "/hold":
+            await gate(scope, receive, send)
+            return
+        while True:
+            message = await receive()
+            received.append(message["body"])
+            if not message["more_body"]:
+                break
+        await ok_app(scope, receive, send)
+
+    bulkhead = Bulkhead(1, max_wait=60, clock=FakeClock())
+    middleware = ConcurrencyLimitMiddleware(app, bulkhead=bulkhead)
+    holder, one, several = Client(), Client([b"whole"]), Client([b"a", b"b", b"c"])
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(middleware, http_scope("/hold"), holder.receive, holder.send)
+            await wait_for(lambda: gate.entered)
+            tg.start_soon(middleware, http_scope("/one"), one.receive, one.send)
+            await wait_for(lambda: bulkhead.statistics().waiting == 1)
+            tg.start_soon(middleware, http_scope("/several"), several.receive, several.send)
+            await wait_for(lambda: bulkhead.statistics().waiting == 2)
+            gate.release.set()
+    assert received == [b"whole", b"a", b"b", b"c"]
+    assert [m["status"] for m in one.sent + several.sent if "status" in m] == [200, 200]
