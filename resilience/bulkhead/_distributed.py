@@ -394,6 +394,13 @@ class Distributed:
         #: limit, so that two unnamed bulkheads with different limits (say a storage
         #: and a database bulkhead) do not share slots, while a fleet's copies of one do.
         self.identity = owner.name if named else f"{owner.name}-{owner.max_concurrent}"
+        # One Redis key part: a name with ":" is hashed (as bytes), or "dl:x" with key
+        # "y" would share the slots of "dl" with key "x:y".
+        self._name_part: str | bytes = (
+            self.identity.encode("utf-8", "surrogatepass")
+            if ":" in self.identity
+            else self.identity
+        )
         self.lease = lease
         self.lease_ms = max(1, round(lease * 1000))
         self.renew_every = lease / 3
@@ -412,7 +419,7 @@ class Distributed:
         self.renew_script = backend.script(RENEW_LUA)
         self.release_script = backend.script(RELEASE_LUA)
         self.count_script = backend.script(COUNT_LUA)
-        self.channel = backend.key("bulkhead", self.identity) + ":released"
+        self.channel = backend.key("bulkhead", self._name_part) + ":released"
         self.lock = threading.Lock()
         self._queues: dict[str, _LocalQueue] = {}
         # Permits held by this process per key: leases and local slots (when a twin
@@ -440,7 +447,7 @@ class Distributed:
 
     def keys_for(self, key: Hashable) -> list[str]:
         """The Redis keys of ``key``: ``[leases, waiting-flag]`` (one hash tag)."""
-        name = self.identity
+        name = self._name_part
         backend = self.backend
         base = (
             backend.key("bulkhead", name)

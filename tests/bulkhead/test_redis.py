@@ -201,6 +201,18 @@ async def test_priority_holds_when_the_slot_frees_by_lease_expiry(
         assert order == ["interactive", "batch"], f"trial {trial}"
 
 
+def test_a_name_with_a_colon_shares_no_slots_with_another_name_and_key(
+    backends: Callable[..., RedisBackend],
+) -> None:
+    """ "dl" with key "x:y" and "dl:x" with key "y" are two bulkheads' keys (they were one
+    Redis key, "dl:x:y", and shared its slots)."""
+    first = rs.Bulkhead(1, backend=backends(), name="dl")
+    second = rs.Bulkhead(1, backend=backends(), name="dl:x")
+    with first.acquire_nowait("x:y"), second.acquire_nowait("y"):
+        assert first.statistics("x:y").shared_in_flight == 1
+        assert second.statistics("y").shared_in_flight == 1
+
+
 def test_renewal_keeps_a_long_call_s_lease(backends: Callable[..., RedisBackend]) -> None:
     """A holder running longer than its lease keeps the slot (renewed every lease/3)."""
     bulkhead = rs.Bulkhead(1, backend=backends(), name="renew", lease=0.3)
