@@ -738,7 +738,8 @@ async def _queued_client_leaves(bulkhead: Bulkhead) -> None:
             tg.start_soon(app, http_scope("/stays"), staying.receive, staying.send)
             await wait_for(lambda: bulkhead.statistics().waiting == 2)
             leaving.leave()
-            await wait_for(lambda: bulkhead.statistics().waiting == 1)
+            await wait_for(lambda: app.abandoned == 1)
+            assert bulkhead.statistics().waiting == 1
             # Its place is free: another request may queue (max_queue=2).
             late = Client()
             tg.start_soon(app, http_scope("/late"), late.receive, late.send)
