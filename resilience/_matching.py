@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -95,6 +96,28 @@ def exception_filter(
     )
 
 
+_PACKAGE = os.path.dirname(os.path.abspath(__file__))
+
+
+def awaited_a_sync_call(exc: BaseException) -> bool:
+    """Whether ``exc`` is the ``TypeError`` of a policy's own ``await`` on what a sync
+    function returned (``await policy.call_async(sync_fn)``): a bug in the caller, not
+    a failure of the dependency, so policies neither retry it, count it against a
+    breaker, nor answer it with a fallback. Only exception paths call this.
+    """
+    if exc.__class__ is not TypeError:
+        return False
+    message = str(exc)
+    if "can't be used in 'await' expression" not in message and "can't be awaited" not in message:
+        return False
+    tb = exc.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb.tb_frame.f_code.co_filename.startswith(_PACKAGE)
+
+
 class ExceptionMatcher:
     """One ``on=`` argument, validated once: ``matcher(exc)`` tells whether it applies.
 
@@ -109,9 +132,11 @@ class ExceptionMatcher:
 
     def __call__(self, exc: BaseException) -> bool:
         if self.types is not None:
-            return isinstance(exc, self.types)
-        assert self.predicate is not None
-        return bool(self.predicate(exc))
+            matched = isinstance(exc, self.types)
+        else:
+            assert self.predicate is not None
+            matched = bool(self.predicate(exc))
+        return matched and not awaited_a_sync_call(exc)
 
     def may_match(self, target: type[BaseException]) -> bool:
         """Whether this can match ``target`` (or a subclass of it); a predicate may."""

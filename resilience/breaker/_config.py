@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .._matching import ExceptionMatcher
+from .._matching import ExceptionMatcher, awaited_a_sync_call
 from .._validate import check_callable, check_choice, check_int, check_number, check_probability
 from ..errors import ConfigurationError, Rejected
 
@@ -159,13 +159,14 @@ class BreakerConfig:
         """What an exception counts as.
 
         In order: anything that is not an :class:`Exception` (cancellation,
-        ``KeyboardInterrupt``) is ignored; ``exclude`` matches are ignored;
+        ``KeyboardInterrupt``) is ignored, as is a sync function given to ``call_async``
+        (see :func:`~resilience._matching.awaited_a_sync_call`); ``exclude`` matches are ignored;
         :class:`~resilience.Rejected` errors (a limiter, bulkhead or breaker inside this
         one refused the call) are ignored unless ``record_rejected``; with ``record``,
         matches are failures and everything else successes; otherwise every exception
         is a failure. ``explicit`` (a caller said "failure") skips the ``record`` test.
         """
-        if not isinstance(exc, Exception):
+        if not isinstance(exc, Exception) or awaited_a_sync_call(exc):
             return IGNORE
         if self.exclude is not None and self.exclude(exc):
             return IGNORE

@@ -586,3 +586,41 @@ def test_distinct_listeners_that_compare_equal_both_receive() -> None:
     with pytest.raises(ValueError):
         retry.call(int, "x")
     assert (len(audit.events), len(metrics.events), len(seen)) == (2, 1, 1)
+
+
+@pytest.mark.anyio
+async def test_a_sync_function_given_to_call_async_is_a_bug_not_a_failure() -> None:
+    """``await policy.call_async(sync_fn)`` runs the function, then cannot await what it
+    returned. That TypeError is the caller's bug: no retry runs the function again (it
+    charged a card three times), no breaker counts it (it opened), no fallback hides
+    it (it answered "degraded")."""
+    calls: list[str] = []
+
+    def charge(card: str) -> str:
+        calls.append(card)
+        return "charged"
+
+    breaker = rs.CircuitBreaker(consecutive_failures=1, failure_rate=None)
+    policies: list[Any] = [
+        rs.Retry(on=Exception, attempts=3, backoff=rs.backoff.constant(0)),
+        breaker,
+        rs.Fallback("degraded", on=Exception),
+        rs.Pipeline(
+            rs.Fallback("degraded", on=Exception),
+            rs.CircuitBreaker(consecutive_failures=1, failure_rate=None),
+            rs.Retry(on=Exception, attempts=3, backoff=rs.backoff.constant(0)),
+        ),
+    ]
+    for policy in policies:
+        calls.clear()
+        with pytest.raises(TypeError, match="await"):
+            await policy.call_async(charge, "4242")  # type: ignore[arg-type]
+        assert calls == ["4242"], policy
+    assert breaker.state is rs.CircuitState.CLOSED
+
+    async def fails() -> None:
+        raise TypeError("a TypeError of the dependency's own")
+
+    with pytest.raises(TypeError):
+        await breaker.call_async(fails)
+    assert breaker.state is rs.CircuitState.OPEN  # the function's own errors still count
