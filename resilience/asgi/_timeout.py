@@ -12,7 +12,7 @@ import anyio
 from .. import _deadline
 from .._clock import Clock
 from .._events import Listener, TimedOut
-from .._timeout import _get_running_loop, from_any_thread
+from .._timeout import Timeout, _get_running_loop, from_any_thread
 from .._validate import check_callable, check_clock, check_name, check_number
 from ..errors import ConfigurationError
 from ._base import Observed
@@ -195,12 +195,32 @@ class TimeoutMiddleware(Observed):
         else:
             cancel_scope = anyio.CancelScope(deadline=anyio.current_time() + budget)
 
+        def overrun(echo: bool) -> bool:
+            """Past the deadline: cut already, or by the clock with the cut yet to fire.
+            ``echo``: an error that may be this deadline's echo (a 5xx answer, a
+            Timeout): an inner rs.Timeout clamped to this deadline fires on its own
+            timer, which lands a moment sooner now and then (uvloop's timers keep
+            milliseconds), and the app answers its error before the cut; within
+            _ECHO of the deadline such an error is taken for the timeout's."""
+            if cancel_scope.cancel_called:
+                return True
+            if entered.remaining() > (_ECHO if echo else 0.0):
+                return False
+            expire()
+            return True
+
         async def send_wrapper(message: Message) -> None:
             nonlocal started, ended, start_headers
-            if answer is not None or (not started and cancel_scope.cancel_called):
+            if answer is not None or (
+                not started
+                and overrun(
+                    message["type"] == "http.response.start" and message.get("status", 0) >= 500
+                )
+            ):
                 # Past the deadline before it started (an app that got past the cut
-                # without a checkpoint, a thread that returned late): the 504 is the
-                # answer, sent at the deadline on asyncio, when the app ends otherwise.
+                # without a checkpoint, a thread that returned late, an error page for
+                # an inner timeout): the 504 is the answer, sent at the deadline on
+                # asyncio, when the app ends otherwise.
                 scope[TIMED_OUT] = True
                 return
             kind = message["type"]
@@ -221,20 +241,21 @@ class TimeoutMiddleware(Observed):
         try:
             with cancel_scope:
                 await self.app(scope, receive_wrapper, send_wrapper)
-        except Exception:
-            if ended or not cancel_scope.cancel_called:
+        except Exception as exc:
+            if ended or not overrun(isinstance(exc, Timeout)):
                 raise
             # The app failed after its cut (a worker thread that raised late, a cleanup
-            # that failed): its time ran out all the same, so it is answered like any
-            # overrun below. Raising would make the server treat the request as broken
-            # after a complete 504 and close the connection, and with it the next
-            # request already read from that connection.
-            logger.warning(
-                "%s: the application failed after its deadline (%r); answered as timed out",
-                self.name,
-                scope.get("path"),
-                exc_info=True,
-            )
+            # that failed, an inner rs.Timeout clamped to this deadline): its time ran
+            # out all the same, so it is answered like any overrun below. Raising would
+            # make the server treat the request as broken after a complete 504 and close
+            # the connection, and with it the next request already read from it.
+            if not isinstance(exc, Timeout):  # an inner timeout is this one's echo
+                logger.warning(
+                    "%s: the application failed after its deadline (%r); answered as timed out",
+                    self.name,
+                    scope.get("path"),
+                    exc_info=True,
+                )
         except BaseException:
             if answer is not None:  # cancelled from outside: the 504 still goes out
                 await _settle(answer)
@@ -290,6 +311,10 @@ async def _settle(answer: Any) -> None:
     if not answer.done():  # a client that reads nothing: the 504 is not sent after us
         answer.cancel()
 
+
+#: Seconds before the deadline within which a 5xx answer or a Timeout raised by the
+#: app is taken for the deadline's own (see ``overrun`` in ``TimeoutMiddleware._run``).
+_ECHO = 0.02
 
 #: Seconds the clean end of a cut stream may take to send.
 _END_GRACE = 1.0
