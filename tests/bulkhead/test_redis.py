@@ -214,11 +214,13 @@ def test_a_name_with_a_colon_shares_no_slots_with_another_name_and_key(
 
 
 def test_renewal_keeps_a_long_call_s_lease(backends: Callable[..., RedisBackend]) -> None:
-    """A holder running longer than its lease keeps the slot (renewed every lease/3)."""
-    bulkhead = rs.Bulkhead(1, backend=backends(), name="renew", lease=0.3)
-    other = rs.Bulkhead(1, backend=backends(), name="renew", lease=0.3)
+    """A holder running longer than its lease keeps the slot (renewed every lease/3;
+    a lease of 0.6 s: a loaded 2-core machine once kept the renewal thread off the CPU
+    for 0.3 s)."""
+    bulkhead = rs.Bulkhead(1, backend=backends(), name="renew", lease=0.6)
+    other = rs.Bulkhead(1, backend=backends(), name="renew", lease=0.6)
     permit = bulkhead.acquire("k")
-    time.sleep(0.9)  # three leases long: only renewals keep it
+    time.sleep(1.8)  # three leases long: only renewals keep it
     with pytest.raises(rs.BulkheadFull):
         other.acquire_nowait("k")
     assert not permit.lost
