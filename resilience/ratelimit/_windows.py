@@ -220,11 +220,15 @@ class WindowBuckets:
         remaining = int(stats.remaining)
         # Nothing counted: full now. (limits dates an empty moving window a whole period
         # ahead, and a sliding window whose hits have all expired by its last hit.)
-        reset_after = (
-            0.0
-            if remaining >= self._item.amount
-            else max(0.0, float(stats.reset_time) - time.time())
-        )
+        if remaining >= self._item.amount:
+            reset_after = 0.0
+        else:
+            reset_after = float(stats.reset_time) - time.time()
+            if reset_after <= 0:
+                # Used, yet "full now": limits reads a fresh sliding window's expiry on
+                # Redis modulo its period (0 when a whole period is left). Within a
+                # period the count moves on; the period is the bound it reports then.
+                reset_after = self._period
         retry_after = (
             0.0 if allowed else max(min(reset_after + self._expiry_slack, self._period), 1e-6)
         )

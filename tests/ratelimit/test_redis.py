@@ -318,6 +318,23 @@ async def test_window_algorithms_async(redis_server: RedisServer, algorithm: str
     assert results == [True, True, False]
 
 
+@pytest.mark.anyio
+@pytest.mark.parametrize("algorithm", ["fixed-window", "moving-window", "sliding-window"])
+async def test_a_fresh_key_s_first_hit_is_not_reported_full(
+    redis_server: RedisServer, algorithm: str
+) -> None:
+    """A key's first request uses one of five: its window is full again later, not now
+    (a sliding window on Redis said reset_after 0, ``RateLimit: r=4;t=0``, on most fresh
+    keys: limits reads a fresh key's expiry modulo its period)."""
+    limiter = rs.RateLimiter(
+        "5/10s", backend=RedisBackend.from_url(redis_server.url, timeout=1.0), algorithm=algorithm
+    )
+    decisions = [await limiter.try_acquire_async(f"fresh{i}") for i in range(20)]
+    decisions += [limiter.try_acquire(f"sync{i}") for i in range(20)]
+    assert {d.remaining for d in decisions} == {4}
+    assert all(0 < d.reset_after <= 20 for d in decisions), [d.reset_after for d in decisions]
+
+
 def test_window_keys_are_hashed_unless_short_and_plain(redis_server: RedisServer) -> None:
     """A long key with a newline reaches Redis hashed, like the token bucket's (window
     algorithms used to paste it raw into the Redis key); a plain short key stays
