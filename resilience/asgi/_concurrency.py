@@ -535,7 +535,10 @@ async def _admit(
         assert receive is not None
         with watcher:
             while True:
-                message = await receive()
+                try:
+                    message = await receive()
+                except Exception:  # a server that raises for a client gone (or broken)
+                    message = {"type": "http.disconnect"}
                 if message["type"] == "http.disconnect":
                     gone = True
                     waiter.scope.cancel()

@@ -807,3 +807,32 @@ async def test_what_is_read_while_queued_reaches_the_app() -> None:
             gate.release.set()
     assert received == [b"whole", b"a", b"b", b"c"]
     assert [m["status"] for m in one.sent + several.sent if "status" in m] == [200, 200]
+
+
+async def test_a_receive_that_raises_while_queued_is_a_client_gone() -> None:
+    """A server whose receive() raises for a client gone: the waiting request leaves
+    the queue, and nothing escapes as a task group's ExceptionGroup."""
+    gate = Gate()
+    bulkhead = Bulkhead(1, max_wait=60, clock=FakeClock())
+    app = ConcurrencyLimitMiddleware(gate, bulkhead=bulkhead)
+    holder = Client()
+    broken = anyio.Event()
+
+    async def raising_receive() -> dict[str, Any]:
+        await broken.wait()
+        raise OSError("connection reset")
+
+    async def send(message: dict[str, Any]) -> None:
+        raise AssertionError("nobody to answer")
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(app, http_scope("/hold"), holder.receive, holder.send)
+            await wait_for(lambda: gate.entered)
+            tg.start_soon(app, http_scope("/gone"), raising_receive, send)
+            await wait_for(lambda: bulkhead.statistics().waiting == 1)
+            broken.set()
+            await wait_for(lambda: app.abandoned == 1)
+            gate.release.set()
+    assert gate.entered == ["/hold"]
+    assert bulkhead.statistics().in_flight == 0
