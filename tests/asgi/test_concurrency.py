@@ -725,18 +725,28 @@ class Client:
         self.sent.append(message)
 
 
+async def hold_then_queue(
+    tg: Any, app: Any, gate: Gate, bulkhead: Bulkhead, queued: list[tuple[str, Client]]
+) -> None:
+    """Start a request holding the one slot (``/hold``), then queue each client's
+    request in order."""
+    holder = Client()
+    tg.start_soon(app, http_scope("/hold"), holder.receive, holder.send)
+    await wait_for(lambda: gate.entered)
+    for count, (path, client) in enumerate(queued, 1):
+        tg.start_soon(app, http_scope(path), client.receive, client.send)
+        await wait_for(lambda count=count: bulkhead.statistics().waiting == count)
+
+
 async def _queued_client_leaves(bulkhead: Bulkhead) -> None:
     gate = Gate()
     app = ConcurrencyLimitMiddleware(gate, bulkhead=bulkhead, max_queue=2)
-    holder, leaving, staying = Client(), Client(), Client()
+    leaving, staying = Client(), Client()
     with anyio.fail_after(10):
         async with anyio.create_task_group() as tg:
-            tg.start_soon(app, http_scope("/hold"), holder.receive, holder.send)
-            await wait_for(lambda: gate.entered)
-            tg.start_soon(app, http_scope("/gone"), leaving.receive, leaving.send)
-            await wait_for(lambda: bulkhead.statistics().waiting == 1)
-            tg.start_soon(app, http_scope("/stays"), staying.receive, staying.send)
-            await wait_for(lambda: bulkhead.statistics().waiting == 2)
+            await hold_then_queue(
+                tg, app, gate, bulkhead, [("/gone", leaving), ("/stays", staying)]
+            )
             leaving.leave()
             await wait_for(lambda: app.abandoned == 1)
             assert bulkhead.statistics().waiting == 1
@@ -795,15 +805,11 @@ async def test_what_is_read_while_queued_reaches_the_app() -> None:
 
     bulkhead = Bulkhead(1, max_wait=60, clock=FakeClock())
     middleware = ConcurrencyLimitMiddleware(app, bulkhead=bulkhead)
-    holder, one, several = Client(), Client([b"whole"]), Client([b"a", b"b", b"c"])
+    one, several = Client([b"whole"]), Client([b"a", b"b", b"c"])
     with anyio.fail_after(10):
         async with anyio.create_task_group() as tg:
-            tg.start_soon(middleware, http_scope("/hold"), holder.receive, holder.send)
-            await wait_for(lambda: gate.entered)
-            tg.start_soon(middleware, http_scope("/one"), one.receive, one.send)
-            await wait_for(lambda: bulkhead.statistics().waiting == 1)
-            tg.start_soon(middleware, http_scope("/several"), several.receive, several.send)
-            await wait_for(lambda: bulkhead.statistics().waiting == 2)
+            queued = [("/one", one), ("/several", several)]
+            await hold_then_queue(tg, middleware, gate, bulkhead, queued)
             gate.release.set()
     assert received == [b"whole", b"a", b"b", b"c"]
     assert [m["status"] for m in one.sent + several.sent if "status" in m] == [200, 200]
