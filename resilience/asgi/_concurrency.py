@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from re import Pattern
@@ -392,11 +393,16 @@ class ConcurrencyLimitMiddleware(Observed):
                 return
             if self._hash:
                 key = cached_digest(key)
-        priority = plan.priority if plan.priority_fn is None else plan.priority_fn(keyed)
+        priority = (
+            plan.priority
+            if plan.priority_fn is None
+            else _check_priority("priority", plan.priority_fn(keyed))
+        )
         observed = bool(GLOBAL_LISTENERS or self._listeners)
         started = self._clock.monotonic() if observed else 0.0
         try:
-            admission = await _admit(plan, key, priority, receive if kind == "http" else None)
+            watch = kind == "http" and not _expects_continue(scope)
+            admission = await _admit(plan, key, priority, receive if watch else None)
         except (BulkheadFull, BackendError) as exc:
             self.shed += 1
             hint = getattr(exc, "retry_after", None)
@@ -485,10 +491,11 @@ async def _admit(
     interactive requests are not shed while batch ones wait); otherwise it is refused.
     Raises :class:`BulkheadFull` when refused or displaced.
 
-    While an HTTP request waits, its ``receive`` is watched for the client leaving
+    While a request waits, ``receive`` (if given) is watched for the client leaving
     (``http.disconnect``): a request nobody will read leaves the queue and never runs.
-    The messages read meanwhile (an empty or one-message body) are given to the app
-    first; a body of several messages is left unread, for the app.
+    At most two messages are read meanwhile (a body of one message, then the one after
+    it); they, or what ``receive`` raised, reach the app first, in order. A body of
+    several messages is left unread, for the app.
     """
     take_now = plan.take_now
     if take_now is not None:
@@ -500,13 +507,27 @@ async def _admit(
     queue.arrivals += 1
     waiter = _Waiter(rank, queue.arrivals)
     line: list[_Waiter] | None = None
+    # The watcher: on asyncio a task of its own, started once the request has waited
+    # _WATCH_AFTER (a queue that drains fast costs no task), cancelled and never
+    # awaited (nothing waits after the permit is granted); elsewhere (trio) a task
+    # group's, from the start.
+    loop = asyncio._get_running_loop() if receive is not None else None
     group: TaskGroup | None = None
+    task: Any = None
+    timer: Any = None
+
+    def start_watching() -> None:
+        nonlocal task
+        assert loop is not None
+        task = loop.create_task(watch())
+
     watcher = anyio.CancelScope()
     buffered: list[Message] = []
+    failed: list[Exception] = []
     gone = False
 
     def may_wait() -> bool:
-        nonlocal line, group
+        nonlocal line, group, timer
         if line is not None:
             # Asked again for the same request (a distributed bulkhead whose Redis
             # failed while it waited moves it to its local twin): it is in line.
@@ -525,7 +546,9 @@ async def _admit(
             victim.evicted = True
             victim.scope.cancel()
         line.append(waiter)
-        if group is not None:
+        if loop is not None:
+            timer = loop.call_later(_WATCH_AFTER, start_watching)
+        elif group is not None:
             group.start_soon(watch)
             group = None  # one watcher
         return True
@@ -534,11 +557,12 @@ async def _admit(
         nonlocal gone
         assert receive is not None
         with watcher:
-            while True:
+            for _ in range(2):  # a body's one message, then the next: a disconnect
                 try:
                     message = await receive()
-                except Exception:  # a server that raises for a client gone (or broken)
-                    message = {"type": "http.disconnect"}
+                except Exception as exc:  # the app's to meet, where it reads
+                    failed.append(exc)
+                    return
                 if message["type"] == "http.disconnect":
                     gone = True
                     waiter.scope.cancel()
@@ -560,8 +584,14 @@ async def _admit(
     permit: Any = None
     failure: Exception | None = None
     try:
-        if receive is None:
-            permit = await wait_in_line()
+        if receive is None or loop is not None:
+            try:
+                permit = await wait_in_line()
+            finally:
+                if timer is not None:
+                    timer.cancel()
+                if task is not None:
+                    task.cancel()
         else:
             async with anyio.create_task_group() as tasks:
                 group = tasks
@@ -571,6 +601,11 @@ async def _admit(
                     failure = exc
                 finally:
                     watcher.cancel()
+    except BaseException:
+        if permit is not None:  # granted, then cancelled while the watcher ended
+            with anyio.CancelScope(shield=True):
+                await _release_async(permit)
+        raise
     finally:
         if line is not None:
             if not waiter.evicted:
@@ -589,7 +624,7 @@ async def _admit(
         if plan.rejected is not None:
             raise plan.rejected(key)
         raise BulkheadFull("displaced from the full queue by a more urgent request")
-    if not buffered:
+    if not (buffered or failed):
         return permit, None
     assert receive is not None
     own_receive = receive
@@ -597,9 +632,27 @@ async def _admit(
     async def replay() -> Message:
         if buffered:
             return buffered.pop(0)
+        if failed:
+            raise failed.pop()
         return await own_receive()
 
     return permit, replay
+
+
+#: Seconds a request waits in the queue (on asyncio) before its client is watched for
+#: leaving: a client hangs up after seconds, not milliseconds, and a queue that drains
+#: faster costs no watcher task.
+_WATCH_AFTER = 0.05
+
+
+def _expects_continue(scope: Scope) -> bool:
+    """Whether the client waits for ``100 Continue`` before it sends its body: reading
+    ``receive`` would ask for the body (uvicorn answers 100 then), which a request that
+    may yet be shed must not do."""
+    return any(
+        name == b"expect" and value.lower() == b"100-continue"
+        for name, value in scope.get("headers", ())
+    )
 
 
 async def _release_async(permit: Any) -> None:

@@ -777,7 +777,11 @@ async def test_a_client_that_leaves_while_queued_for_a_distributed_slot(
     from resilience.backends import RedisBackend
 
     bulkhead = Bulkhead(
-        1, max_wait=60, backend=RedisBackend.from_url(redis_server.url), name="asgi-leave"
+        1,
+        max_wait=60,
+        # A loaded machine's slow round trip must not move it to the local twin.
+        backend=RedisBackend.from_url(redis_server.url, timeout=1.0),
+        name="asgi-leave",
     )
     try:
         await _queued_client_leaves(bulkhead)
@@ -815,30 +819,132 @@ async def test_what_is_read_while_queued_reaches_the_app() -> None:
     assert [m["status"] for m in one.sent + several.sent if "status" in m] == [200, 200]
 
 
-async def test_a_receive_that_raises_while_queued_is_a_client_gone() -> None:
-    """A server whose receive() raises for a client gone: the waiting request leaves
-    the queue, and nothing escapes as a task group's ExceptionGroup."""
+async def test_what_receive_raises_while_queued_reaches_the_app_unwrapped() -> None:
+    """A receive() that raises while the request waits (a server's error for a client
+    gone, a body-size limit's 413): the app meets that error where it reads, as it
+    would have, not a task group's ExceptionGroup."""
     gate = Gate()
+    seen: list[BaseException] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["path"] == "/hold":
+            await gate(scope, receive, send)
+            return
+        try:
+            await receive()
+        except OSError as exc:
+            seen.append(exc)
+            raise
+
     bulkhead = Bulkhead(1, max_wait=60, clock=FakeClock())
-    app = ConcurrencyLimitMiddleware(gate, bulkhead=bulkhead)
-    holder = Client()
+    middleware = ConcurrencyLimitMiddleware(app, bulkhead=bulkhead)
     broken = anyio.Event()
+    raised: list[BaseException] = []
 
     async def raising_receive() -> dict[str, Any]:
         await broken.wait()
         raise OSError("connection reset")
 
-    async def send(message: dict[str, Any]) -> None:
-        raise AssertionError("nobody to answer")
+    async def queued() -> None:
+        try:
+            await middleware(http_scope("/read"), raising_receive, Client().send)
+        except BaseException as exc:
+            raised.append(exc)
 
     with anyio.fail_after(10):
         async with anyio.create_task_group() as tg:
-            tg.start_soon(app, http_scope("/hold"), holder.receive, holder.send)
-            await wait_for(lambda: gate.entered)
-            tg.start_soon(app, http_scope("/gone"), raising_receive, send)
+            await hold_then_queue(tg, middleware, gate, bulkhead, [])
+            tg.start_soon(queued)
             await wait_for(lambda: bulkhead.statistics().waiting == 1)
             broken.set()
-            await wait_for(lambda: app.abandoned == 1)
+            await anyio.sleep(0.1)  # past the watcher's start on asyncio
             gate.release.set()
-    assert gate.entered == ["/hold"]
+    assert [type(e) for e in seen] == [OSError]
+    assert [type(e) for e in raised] == [OSError]
     assert bulkhead.statistics().in_flight == 0
+
+
+async def test_a_receive_that_never_blocks_is_read_at_most_twice_while_queued() -> None:
+    """A receive that answers at once every time (a middleware replaying a body it
+    read, against the ASGI rules): watching it must not spin the loop (it froze and
+    grew without bound); the app reads what it would have read."""
+    gate = Gate()
+    reads = 0
+
+    async def replaying() -> dict[str, Any]:
+        nonlocal reads
+        reads += 1
+        return {"type": "http.request", "body": b"body", "more_body": False}
+
+    got: list[bytes] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["path"] == "/hold":
+            await gate(scope, receive, send)
+            return
+        got.append((await receive())["body"])
+        await ok_app(scope, receive, send)
+
+    bulkhead = Bulkhead(1, max_wait=60, clock=FakeClock())
+    middleware = ConcurrencyLimitMiddleware(app, bulkhead=bulkhead)
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            await hold_then_queue(tg, middleware, gate, bulkhead, [])
+            tg.start_soon(middleware, http_scope("/read"), replaying, Client().send)
+            await wait_for(lambda: bulkhead.statistics().waiting == 1)
+            await wait_for(lambda: reads == 2)
+            await anyio.sleep(0.1)
+            assert reads == 2
+            gate.release.set()
+    assert got == [b"body"]
+
+
+async def test_a_client_expecting_100_continue_is_not_asked_for_its_body_while_queued() -> None:
+    """``Expect: 100-continue``: reading receive makes the server ask for the body
+    (uvicorn sends 100 Continue), which a request that may yet be shed must not do."""
+    gate = Gate()
+    bulkhead = Bulkhead(1, max_wait=60, clock=FakeClock())
+    middleware = ConcurrencyLimitMiddleware(gate, bulkhead=bulkhead)
+    reads = 0
+
+    async def receive() -> dict[str, Any]:
+        nonlocal reads
+        reads += 1
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    scope = http_scope("/upload", method="POST", headers=[("expect", "100-continue")])
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            await hold_then_queue(tg, middleware, gate, bulkhead, [])
+            tg.start_soon(middleware, scope, receive, Client().send)
+            await wait_for(lambda: bulkhead.statistics().waiting == 1)
+            await anyio.sleep(0.1)  # past the watcher's start on asyncio
+            assert reads == 0
+            gate.release.set()
+    assert gate.entered == ["/hold", "/upload"]
+
+
+async def test_a_request_cancelled_as_its_slot_comes_gives_the_slot_back() -> None:
+    """A queued request granted its slot and cancelled from outside a moment later
+    (a TimeoutMiddleware around the middleware): the slot comes back, at every point
+    (it was kept for good while the watcher ended)."""
+    for delay in range(6):
+        gate = Gate()
+        bulkhead = Bulkhead(1, max_wait=60, clock=FakeClock())
+        middleware = ConcurrencyLimitMiddleware(gate, bulkhead=bulkhead)
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                await hold_then_queue(tg, middleware, gate, bulkhead, [])
+                scope = anyio.CancelScope()
+
+                async def queued(scope: anyio.CancelScope = scope) -> None:
+                    with scope:
+                        await middleware(http_scope("/q"), Client().receive, Client().send)
+
+                tg.start_soon(queued)
+                await wait_for(lambda: bulkhead.statistics().waiting == 1)
+                gate.release.set()
+                for _ in range(delay):
+                    await anyio.sleep(0)
+                scope.cancel()
+        assert bulkhead.statistics().in_flight == 0, delay
