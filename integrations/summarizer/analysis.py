@@ -140,7 +140,12 @@ def analyze_run(run: dict[str, Any]) -> dict[str, Any]:
         name = phase["name"]
         in_phase = [j for j in jobs if j["phase"] == name]
         lat = [a["latency"] for a in api if a["phase"] == name]
-        ft = [j["first_token"] for j in in_phase if j["first_token"] is not None]
+        # First tokens count in the phase the model was asked in (not the submission's).
+        ft = [
+            j["first_token"]
+            for j in jobs
+            if j["first_token"] is not None and (j.get("inference_phase") or j["phase"]) == name
+        ]
         window = [s for s in samples if phase["start"] <= s["t"] <= phase["end"]]
         downloads = [_downloads(s) for s in window]
         late = [_downloads(s) for s in window if s["t"] >= (phase["start"] + phase["end"]) / 2]

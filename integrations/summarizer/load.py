@@ -71,6 +71,9 @@ class JobRecord:
     outcome: str = "pending"
     cached: bool = False
     first_token: float | None = None
+    #: When the job reached the model (seconds into the run) and in which phase.
+    inference_t: float | None = None
+    inference_phase: str | None = None
     latency: float | None = None
     rejections: int = 0
     job_id: str | None = None
@@ -159,6 +162,7 @@ class LoadDriver:
         self.rec = recorder
         self.rate = rate
         self.rng = random.Random(seed)
+        self.backoff_rng = random.Random(seed + 1)
         self.seed = seed
         self.patience = patience
         self.interval = interval
@@ -193,7 +197,9 @@ class LoadDriver:
                 await response.aread()
             finally:
                 await response.aclose()
-        except httpx.HTTPError:
+        except BaseException:
+            # An error, or a call still waiting when its user gave up (or the run ended):
+            # its time counts, status 0 (a hung API must show in the percentiles).
             self.rec.api.append(
                 ApiSample(self.rec.now(), endpoint, time.monotonic() - start, 0, self.rec.phase)
             )
@@ -249,7 +255,10 @@ class LoadDriver:
             if response.status_code in (429, 503):
                 record.rejections += 1
                 retry = float(response.headers.get("retry-after", "1") or 1)
-                await asyncio.sleep(min(2.0, max(0.05, retry)) * (0.5 + self.rng.random()))
+                # Its own generator: a rejection must not change the arrivals and URLs
+                # that follow (both runs face the same seeded load).
+                jitter = self.backoff_rng.random()
+                await asyncio.sleep(min(2.0, max(0.05, retry)) * (0.5 + jitter))
                 continue
             break
         if response.status_code == 200:
@@ -289,9 +298,21 @@ class LoadDriver:
         self, record: JobRecord, base: str, job_id: str, headers: dict[str, str]
     ) -> None:
         start = time.monotonic()
-        response = await send(
-            self.transport, "GET", f"{base}/summaries/{job_id}/stream", headers=headers
-        )
+        try:
+            response = await send(
+                self.transport, "GET", f"{base}/summaries/{job_id}/stream", headers=headers
+            )
+        except BaseException:
+            self.rec.api.append(
+                ApiSample(
+                    self.rec.now(),
+                    "GET /summaries/{id}/stream",
+                    time.monotonic() - start,
+                    0,
+                    self.rec.phase,
+                )
+            )
+            raise
         self.rec.api.append(
             ApiSample(
                 self.rec.now(),
@@ -312,6 +333,10 @@ class LoadDriver:
                     for name, data in events:
                         if name == "inference":
                             inference_at = time.monotonic()
+                            # First-token latency counts in the phase the model is asked
+                            # in (a job submitted in a fault phase may get there later).
+                            record.inference_t = self.rec.now()
+                            record.inference_phase = self.rec.phase
                         elif name == "token" and record.first_token is None:
                             if inference_at is not None:
                                 record.first_token = time.monotonic() - inference_at

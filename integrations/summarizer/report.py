@@ -244,8 +244,9 @@ def first_token_chart(run: dict[str, Any], span: float, y_max: float, width: flo
         if j["first_token"] is None:
             continue
         ms = j["first_token"] * 1000.0
-        dots.append(f'<circle cx="{f.x(j["t"]):.1f}" cy="{f.y(ms):.1f}" r="1.3" class="dot"/>')
-        buckets.setdefault(int(j["t"] // 2), []).append(ms)
+        at = j.get("inference_t") or j["t"]  # when the model was asked
+        dots.append(f'<circle cx="{f.x(at):.1f}" cy="{f.y(ms):.1f}" r="1.3" class="dot"/>')
+        buckets.setdefault(int(at // 2), []).append(ms)
     parts += dots
     p95 = [(k * 2 + 1.0, percentile(v, 0.95) or 0.0) for k, v in sorted(buckets.items())]
     parts.append(_polyline(f, p95, "#e45756", 2.0))
@@ -575,10 +576,12 @@ def render_html(document: dict[str, Any]) -> str:
         sections.append("<h2>SLOs of the resilient run</h2>")
         sections.append(_slo_table(slos))
     sections.append(
-        '<p class="note">Recovery: time from the moment a fault was cleared until the affected '
-        "dependency's rate of successful responses, sampled every 0.5 s on the upstream side, was "
-        "back to half its steady rate. Downloads in flight are counted by the simulated platforms. "
-        "Latencies are measured by the virtual users.</p>"
+        '<p class="note">Recovery: time from the moment a fault was cleared until the end of the '
+        "first 0.5 s window, sampled on the upstream side, in which the affected dependency "
+        "answered successfully again (at least one success, and at least 90% of its answers "
+        "successes). Downloads in flight are counted by the simulated platforms. "
+        "Latencies are measured by the virtual users; a first token counts in the phase the "
+        "model was asked in.</p>"
     )
     return (
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'

@@ -61,3 +61,50 @@ def test_a_redis_fault_in_the_naive_run_is_unused_not_a_zero_second_recovery() -
         {"kind": "backend_recovered", "policy": "limiter", "t": 14.5},
     ]
     assert _redis_recovery(events, 10.0, 13.0)["seconds"] == 1.5
+
+
+def test_a_first_token_counts_in_the_phase_the_model_was_asked_in() -> None:
+    """A job submitted in a short fault phase reaches the model after it: its first token
+    counts where it was measured (the models-down row reported the healthy model after
+    recovery), its outcome where it was submitted."""
+    from integrations.summarizer.analysis import analyze_run
+
+    def job(t: float, phase: str, first_token: float, inference_phase: str | None) -> dict:
+        return {
+            "t": t,
+            "phase": phase,
+            "submitted": True,
+            "outcome": "full",
+            "cached": False,
+            "first_token": first_token,
+            "inference_t": None,
+            "inference_phase": inference_phase,
+            "rejections": 0,
+            "reasons": [],
+        }
+
+    phases = [
+        {"name": "steady", "description": "", "start": 0.0, "end": 10.0, "faults": []},
+        {"name": "models_down", "description": "", "start": 10.0, "end": 13.0, "faults": []},
+    ]
+    jobs = [
+        job(1.0, "steady", 0.2, "steady"),
+        job(2.0, "steady", 0.004, "models_down"),  # asked in the outage: extractive
+        job(11.0, "models_down", 0.2, "drain"),  # asked after it: not the outage's
+        job(3.0, "steady", 0.3, None),  # recorded before the field: its own phase
+    ]
+    run = {
+        "mode": "resilient",
+        "recorder": {
+            "wall_start": 0.0,
+            "phases": phases,
+            "jobs": jobs,
+            "api": [],
+            "samples": [],
+        },
+        "events": [],
+    }
+    steady, down = analyze_run(run)["phases"]
+    assert (steady["first_token_n"], steady["requests"]) == (2, 3)
+    assert (down["first_token_n"], down["requests"]) == (1, 1)
+    assert down["first_token_p95_ms"] == 4.0
