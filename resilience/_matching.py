@@ -96,7 +96,7 @@ def exception_filter(
     )
 
 
-_PACKAGE = os.path.dirname(os.path.abspath(__file__))
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
 def awaited_a_sync_call(exc: BaseException) -> bool:
