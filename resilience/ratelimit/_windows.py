@@ -224,11 +224,14 @@ class WindowBuckets:
             reset_after = 0.0
         else:
             reset_after = float(stats.reset_time) - time.time()
-            if reset_after <= 0:
+            if reset_after <= 0 and self._sliding:
                 # Used, yet "full now": limits reads a fresh sliding window's expiry on
                 # Redis modulo its period (0 when a whole period is left). Within a
                 # period the count moves on; the period is the bound it reports then.
+                # (A fixed window's end on Redis is a TTL in whole seconds: under half a
+                # second left reads 0, and the refusal's slack covers it.)
                 reset_after = self._period
+            reset_after = max(0.0, reset_after)
         retry_after = (
             0.0 if allowed else max(min(reset_after + self._expiry_slack, self._period), 1e-6)
         )

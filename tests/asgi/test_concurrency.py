@@ -948,3 +948,39 @@ async def test_a_request_cancelled_as_its_slot_comes_gives_the_slot_back() -> No
                     await anyio.sleep(0)
                 scope.cancel()
         assert bulkhead.statistics().in_flight == 0, delay
+
+
+async def test_a_slow_body_after_a_wait_in_the_queue_is_still_the_client_s_408() -> None:
+    """TimeoutMiddleware outside: a request that waited (long enough to be watched)
+    whose client never sends its body gets 408 as it does unqueued (the cancelled
+    watcher's receive ended after the app's began and hid the slow client: 504)."""
+    from resilience.asgi import TimeoutMiddleware
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["path"] == "/hold":
+            await anyio.sleep(0.2)
+        else:
+            while (await receive()).get("more_body"):
+                pass
+        await ok_app(scope, receive, send)
+
+    bulkhead = Bulkhead(1, max_wait=5)
+    stack = TimeoutMiddleware(ConcurrencyLimitMiddleware(app, bulkhead=bulkhead), seconds=0.6)
+    statuses: dict[str, int] = {}
+
+    async def request(path: str) -> None:
+        sent: list[dict[str, Any]] = []
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        scope = http_scope(path, method="POST", headers=[("content-length", "10")])
+        await stack(scope, receive_nothing, send)  # the body never comes
+        statuses[path] = Result(sent).status
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(request, "/hold")
+            await wait_for(lambda: bulkhead.statistics().in_flight == 1)
+            tg.start_soon(request, "/upload")
+    assert statuses == {"/hold": 200, "/upload": 408}

@@ -335,6 +335,27 @@ async def test_a_fresh_key_s_first_hit_is_not_reported_full(
     assert all(0 < d.reset_after <= 20 for d in decisions), [d.reset_after for d in decisions]
 
 
+def test_a_fixed_window_refusal_at_its_end_waits_for_its_end(redis_server: RedisServer) -> None:
+    """Refused under half a second before a fixed window ends (Redis' TTL reads 0 then):
+    told to come back at about its end (the slack), not a whole period later."""
+    limiter = rs.RateLimiter(
+        "3/2s",
+        backend=RedisBackend.from_url(redis_server.url, timeout=1.0),
+        algorithm="fixed-window",
+        name="edge",
+    )
+    assert all(limiter.try_acquire("k").allowed for _ in range(3))
+    [window] = [k for k in redis_server.command("KEYS", "*") if "edge" in str(k)]
+    deadline = time.monotonic() + 5
+    while redis_server.command("PTTL", window) > 300:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    refused = limiter.try_acquire("k")
+    assert not refused.allowed
+    assert refused.reset_after < 0.5
+    assert refused.retry_after <= 0.6
+
+
 def test_window_keys_are_hashed_unless_short_and_plain(redis_server: RedisServer) -> None:
     """A long key with a newline reaches Redis hashed, like the token bucket's (window
     algorithms used to paste it raw into the Redis key); a plain short key stays
