@@ -412,7 +412,7 @@ class ConcurrencyLimitMiddleware(Observed):
             if kind == "http":
                 await self._problem.send(send, headers)
             else:
-                await self._problem.send_websocket(send, scope, 1013, headers)
+                await self._problem.send_websocket(send, scope, 1013, headers, receive)
             return
         if admission is None:  # the client left while its request waited: nobody to answer
             self.abandoned += 1

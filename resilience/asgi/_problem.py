@@ -11,7 +11,7 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from ._types import Scope, Send
+from ._types import Receive, Scope, Send
 
 __all__ = [
     "QUOTA_EXCEEDED",
@@ -75,10 +75,18 @@ class Problem:
         await send({"type": "http.response.body", "body": self.body, "more_body": False})
 
     async def send_websocket(
-        self, send: Send, scope: Scope, code: int, headers: Iterable[Header] = ()
+        self,
+        send: Send,
+        scope: Scope,
+        code: int,
+        headers: Iterable[Header] = (),
+        receive: Receive | None = None,
     ) -> None:
         """Refuse a websocket handshake: an HTTP response when the server supports the
-        ``websocket.http.response`` extension, else a close with ``code``."""
+        ``websocket.http.response`` extension, else the connection is accepted and
+        closed with ``code`` (a close before the accept reaches the client as an HTTP
+        403, a refusal for good; ``1013`` says "try again later"). ``receive`` takes the
+        ``websocket.connect`` message first, as an app answering the handshake does."""
         extensions = scope.get("extensions") or {}
         if "websocket.http.response" in extensions:
             await send(
@@ -89,5 +97,8 @@ class Problem:
                 }
             )
             await send({"type": "websocket.http.response.body", "body": self.body})
-        else:
-            await send({"type": "websocket.close", "code": code})
+            return
+        if receive is not None and (await receive())["type"] != "websocket.connect":
+            return  # the client left before its handshake was answered
+        await send({"type": "websocket.accept"})
+        await send({"type": "websocket.close", "code": code})

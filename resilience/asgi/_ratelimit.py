@@ -384,7 +384,9 @@ class RateLimitMiddleware(Observed):
                 if self.shadow:
                     await self.app(scope, receive, send)
                     return
-                await self._refuse(scope, send, self._unavailable, [(b"retry-after", b"1")], 1011)
+                await self._refuse(
+                    scope, receive, send, self._unavailable, [(b"retry-after", b"1")], 1011
+                )
                 return
             except CostAboveBurst:
                 # A request's own cost above the burst can never be admitted: a refusal
@@ -420,7 +422,7 @@ class RateLimitMiddleware(Observed):
             return
         headers = [(b"retry-after", retry_after_value(decision.retry_after))]
         headers.extend(plan.headers.refused(decision))
-        await self._refuse(scope, send, plan.problem, headers, 1013)
+        await self._refuse(scope, receive, send, plan.problem, headers, 1013)
 
     async def _too_costly(
         self, scope: Scope, receive: Receive, send: Send, plan: _Plan, key: str, cost: int
@@ -439,7 +441,7 @@ class RateLimitMiddleware(Observed):
             detail=f"the request costs {cost}, more than the policy's burst allows",
             extra={"violated-policies": [plan.name]},
         )
-        await self._refuse(scope, send, problem, [], 1013)
+        await self._refuse(scope, receive, send, problem, [], 1013)
 
     async def _shadowed(
         self,
@@ -462,9 +464,14 @@ class RateLimitMiddleware(Observed):
 
     @staticmethod
     async def _refuse(
-        scope: Scope, send: Send, problem: Problem, headers: list[tuple[bytes, bytes]], code: int
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        problem: Problem,
+        headers: list[tuple[bytes, bytes]],
+        code: int,
     ) -> None:
         if scope["type"] == "http":
             await problem.send(send, headers)
         else:
-            await problem.send_websocket(send, scope, code, headers)
+            await problem.send_websocket(send, scope, code, headers, receive)

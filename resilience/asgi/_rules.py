@@ -178,6 +178,16 @@ class Rule:
                 f"got {self.scopes!r} (lifespan is never limited)"
             )
         object.__setattr__(self, "scopes", scopes)
+        if (
+            self.methods is not None
+            and "http" not in scopes
+            and "GET" not in {m.strip().upper() for m in self.methods}
+        ):
+            # Websocket scopes carry no method: they match as the GET of their handshake.
+            raise ConfigurationError(
+                f"Rule methods {self.methods!r} never match a websocket handshake (a GET): "
+                "a websocket-only rule takes no methods, or GET"
+            )
         if not isinstance(self.exempt, bool):
             raise ConfigurationError(f"Rule exempt must be True or False, got {self.exempt!r}")
 

@@ -218,12 +218,15 @@ def test_a_lone_method_string_is_one_method() -> None:
         ({"path": "/x", "scopes": ()}, "scopes"),
         ({"path": "/x", "exempt": "yes"}, "exempt"),
         ({"path": "/x/{y:nope}"}, "convertor"),
+        ({"path": "/ws", "scopes": ("websocket",), "methods": ["POST"]}, "websocket handshake"),
     ],
 )
 def test_rules_that_could_never_match_are_refused(options: dict[str, Any], named: str) -> None:
-    """Typos in a rule fail when it is built, not by silently never matching."""
+    """Typos in a rule fail when it is built, not by silently never matching (a
+    websocket-only rule for POST left the websocket route unlimited)."""
     with pytest.raises(ConfigurationError, match=named):
         Rule(**options)
+    Rule("/ws", scopes=("websocket",), methods=["get"])  # the handshake's GET matches
 
 
 def test_exempt_predicate() -> None:

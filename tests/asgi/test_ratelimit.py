@@ -410,7 +410,8 @@ async def test_websocket_and_lifespan_pass_through_untouched() -> None:
 
 async def test_websocket_rule_refuses_handshakes() -> None:
     """A rule naming websocket limits handshakes: 429 via the HTTP-response extension,
-    else close code 1013."""
+    else close code 1013, after the accept (a close before it reaches the client as an
+    HTTP 403, a refusal for good)."""
     sent: list[dict[str, Any]] = []
 
     async def send(message: Any) -> None:
@@ -429,8 +430,9 @@ async def test_websocket_rule_refuses_handshakes() -> None:
     scope = {"type": "websocket", "path": "/ws", "client": ("1.2.3.4", 1), "headers": []}
     await middleware(dict(scope), receive, send)
     assert sent[-1] == {"type": "websocket.accept"}
+    sent.clear()
     await middleware(dict(scope), receive, send)
-    assert sent[-1] == {"type": "websocket.close", "code": 1013}
+    assert sent == [{"type": "websocket.accept"}, {"type": "websocket.close", "code": 1013}]
     await middleware({**scope, "extensions": {"websocket.http.response": {}}}, receive, send)
     assert sent[-2]["type"] == "websocket.http.response.start"
     assert sent[-2]["status"] == 429
