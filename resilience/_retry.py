@@ -256,36 +256,42 @@ class Retry(PolicyBase):
     ) -> T:
         """Carry on after a failed first attempt (the happy path never gets here)."""
         run = self._start()
-        while True:
-            delay = self._plan(run, None) if exc is None else self._judge(run, exc)
-            if delay is not None:
+        links: list[BaseException] = []  # errors whose context _chain set, oldest first
+        try:
+            while True:
+                delay = self._plan(run, None) if exc is None else self._judge(run, exc)
+                if delay is not None:
+                    try:
+                        self._clock.sleep(delay)
+                    except BaseException:
+                        self._refund(run)
+                        raise
+                    if self._late(run, exc):
+                        delay = None
+                if delay is None:
+                    if exc is None:
+                        return result  # type: ignore[no-any-return]
+                    try:
+                        raise exc
+                    finally:
+                        # Not kept by this frame, which the traceback references: no
+                        # exception <-> frame cycle left for the garbage collector.
+                        exc = None
+                self._retries += 1  # counted once started: a cancelled backoff is no retry
                 try:
-                    self._clock.sleep(delay)
-                except BaseException:
-                    self._refund(run)
-                    raise
-                if self._late(run, exc):
-                    delay = None
-            if delay is None:
-                if exc is None:
+                    result = fn(*args, **kwargs)
+                except Exception as error:
+                    _chain(error, exc, links)
+                    exc = error
+                    continue
+                exc = None
+                if self._on_result is None or not self._on_result(result):
+                    self._recovered += 1
                     return result  # type: ignore[no-any-return]
-                try:
-                    raise exc
-                finally:
-                    # Not kept by this frame, which the traceback references: no
-                    # exception <-> frame cycle left for the garbage collector.
-                    exc = None
-            self._retries += 1  # counted once started: a cancelled backoff is no retry
-            try:
-                result = fn(*args, **kwargs)
-            except Exception as error:
-                _chain(error, exc)
-                exc = error
-                continue
-            exc = None
-            if self._on_result is None or not self._on_result(result):
-                self._recovered += 1
-                return result  # type: ignore[no-any-return]
+        finally:
+            # The errors' tracebacks reference this frame: no exception <-> frame
+            # cycle left behind for the garbage collector.
+            links.clear()
 
     async def call_async(
         self, fn: Callable[P, Awaitable[T]], /, *args: P.args, **kwargs: P.kwargs
@@ -325,34 +331,40 @@ class Retry(PolicyBase):
     ) -> T:
         """Carry on after a failed first attempt (the happy path never gets here)."""
         run = self._start()
-        while True:
-            delay = self._plan(run, None) if exc is None else self._judge(run, exc)
-            if delay is not None:
+        links: list[BaseException] = []  # errors whose context _chain set, oldest first
+        try:
+            while True:
+                delay = self._plan(run, None) if exc is None else self._judge(run, exc)
+                if delay is not None:
+                    try:
+                        await self._clock.sleep_async(delay)
+                    except BaseException:
+                        self._refund(run)
+                        raise
+                    if self._late(run, exc):
+                        delay = None
+                if delay is None:
+                    if exc is None:
+                        return result  # type: ignore[no-any-return]
+                    try:
+                        raise exc
+                    finally:
+                        exc = None  # no exception <-> frame cycle (see _resume)
+                self._retries += 1  # counted once started (see _resume)
                 try:
-                    await self._clock.sleep_async(delay)
-                except BaseException:
-                    self._refund(run)
-                    raise
-                if self._late(run, exc):
-                    delay = None
-            if delay is None:
-                if exc is None:
+                    result = await fn(*args, **kwargs)
+                except Exception as error:
+                    _chain(error, exc, links)
+                    exc = error
+                    continue
+                exc = None
+                if self._on_result is None or not self._on_result(result):
+                    self._recovered += 1
                     return result  # type: ignore[no-any-return]
-                try:
-                    raise exc
-                finally:
-                    exc = None  # no exception <-> frame cycle (see _resume)
-            self._retries += 1  # counted once started (see _resume)
-            try:
-                result = await fn(*args, **kwargs)
-            except Exception as error:
-                _chain(error, exc)
-                exc = error
-                continue
-            exc = None
-            if self._on_result is None or not self._on_result(result):
-                self._recovered += 1
-                return result  # type: ignore[no-any-return]
+        finally:
+            # The errors' tracebacks reference this frame: no exception <-> frame
+            # cycle left behind for the garbage collector.
+            links.clear()
 
     def _wrap(self, fn: Callable[..., Any], is_async: bool) -> Callable[..., Any] | None:
         """A leaner decorator body for the common configuration (see ``decorate``).
@@ -401,19 +413,31 @@ class Retry(PolicyBase):
         )
 
 
-def _chain(error: BaseException, previous: BaseException | None) -> None:
+#: Attempts the exception Retry raises shows in its traceback (the latest ones).
+_CHAINED = 3
+
+
+def _chain(
+    error: BaseException, previous: BaseException | None, links: list[BaseException]
+) -> None:
     """Record that attempt ``n`` (``error``) followed the failure of attempt ``n - 1``,
     as Python would for an exception raised while handling another: the traceback of
-    the exception Retry finally raises shows every attempt, in order. An error that
-    already has a context of its own keeps it, and no cycle is made (a function that
-    raises the same instances again)."""
+    the exception Retry finally raises shows the last :data:`_CHAINED` attempts, in
+    order. ``links``, the call's own list of the errors this function linked, lets the
+    older links go, so that a long retry loop does not keep every attempt's exception
+    and frames alive until it ends. An error that already has a context of its own
+    keeps it, and no cycle is made (a function that raises the same instances again).
+    """
     if previous is None or error.__context__ is not None:
         return
     seen: BaseException | None = previous
     for _ in range(1000):
         if seen is None:
-            error.__context__ = previous
-            return
+            break
         if seen is error:
             return
         seen = seen.__context__
+    error.__context__ = previous
+    links.append(error)
+    if len(links) >= _CHAINED:
+        links.pop(0).__context__ = None

@@ -683,6 +683,51 @@ async def test_the_last_exception_chains_every_attempt_in_order(
         assert len(chain) == 3
 
 
+class _Payload:
+    """What an attempt's frame holds (a response, a buffer)."""
+
+
+@pytest.mark.anyio
+async def test_a_long_retry_loop_keeps_only_the_latest_attempts_alive(
+    fake_clock: FakeClock,
+) -> None:
+    """Chaining every attempt kept each one's exception, frames and locals alive until
+    the call ended (1,000 attempts holding 100 KB each: 100 MB); the raised exception
+    shows the last three attempts, in order, and older ones are freed as it goes."""
+    retry = rs.Retry(on=Attempt, attempts=50, backoff=rs.backoff.constant(0.0), clock=fake_clock)
+    refs: list[weakref.ref[_Payload]] = []
+    peak = 0
+
+    def fails() -> None:
+        nonlocal peak
+        payload = _Payload()
+        refs.append(weakref.ref(payload))
+        peak = max(peak, sum(1 for ref in refs if ref() is not None))
+        raise Attempt(len(refs), payload)
+
+    async def fails_async() -> None:
+        fails()
+
+    gc.disable()  # freed by reference counting alone, as they go
+    try:
+        for run in (lambda: retry.call(fails), lambda: retry.call_async(fails_async)):
+            refs.clear()
+            peak = 0
+            with pytest.raises(Attempt) as caught:
+                await _to_the_end(run)
+            chain = []
+            exc: BaseException | None = caught.value
+            while exc is not None:
+                chain.append(exc.args[0])
+                exc = exc.__context__
+            assert chain == [50, 49, 48]
+            # The running attempt's, the three chained, and the first (the call's own
+            # frame holds it until it ends): 5 of 50 at most.
+            assert peak <= 5
+    finally:
+        gc.enable()
+
+
 def test_an_exception_raised_again_by_every_attempt_makes_no_cycle(fake_clock: FakeClock) -> None:
     """A function raising the same two instances by turns: no context cycle is made."""
     error = Attempt("always the same")
