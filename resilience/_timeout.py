@@ -220,7 +220,23 @@ class Timeout(PolicyBase, ResilienceError, TimeoutError):
         return error
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_restore_timeout, (self.seconds, self.args))
+        # Pickled (a raised error crossing processes): seconds, message and name; the
+        # clock stays behind (a test clock's timers need not pickle), the copy runs on
+        # the system clock.
+        return (_restore_timeout, (self.seconds, self.args, self.name))
+
+    def __copy__(self) -> Timeout:
+        return self._twin()
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Timeout:
+        # The clock is shared, not copied: a copied policy (or a pipeline holding one)
+        # keeps running on the same virtual time in tests.
+        return self._twin()
+
+    def _twin(self) -> Timeout:
+        twin = Timeout(self.seconds, clock=self._clock, name=self.name)
+        twin.args = self.args
+        return twin
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else f"timed out after {self.seconds:g}s"
@@ -425,7 +441,9 @@ class Timeout(PolicyBase, ResilienceError, TimeoutError):
         # Also a block that caught the cancellation and went on: it ended past the limit,
         # which the sync ``with`` reports as Timeout too.
         if scope.cancelled_caught or (exc_type is None and scope.cancel_called):
-            raise self._error(seconds)
+            # From None: the cancellation that cut the block is this error's own doing,
+            # not an error it happened "during the handling of" (call_async says so too).
+            raise self._error(seconds) from None
 
     def statistics(self) -> TimeoutStatistics:
         """How many calls this policy timed out.
@@ -435,9 +453,9 @@ class Timeout(PolicyBase, ResilienceError, TimeoutError):
         return TimeoutStatistics(self._timed_out)
 
 
-def _restore_timeout(seconds: float, args: tuple[Any, ...]) -> Timeout:
-    """A pickled or copied :class:`Timeout`, its message included (a spent deadline's
-    says so; it came back as "timed out after ...")."""
-    error = Timeout(seconds)
+def _restore_timeout(seconds: float, args: tuple[Any, ...], name: str | None = None) -> Timeout:
+    """A pickled :class:`Timeout`, its message and name included (a spent deadline's
+    message says so; it came back as "timed out after ...")."""
+    error = Timeout(seconds, name=name)
     error.args = args
     return error

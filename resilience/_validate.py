@@ -154,6 +154,10 @@ def check_name(value: Any, default: str) -> str:
         return default
     if not isinstance(value, str):
         raise ConfigurationError(f"name must be a str (or None), got {value!r}")
+    if not value.strip():
+        # A blank name labels nothing, and shared state keyed by it would be shared by
+        # every other policy named blank.
+        raise ConfigurationError(f"name must not be blank, got {value!r} (None: the default)")
     return value
 
 

@@ -457,6 +457,9 @@ class FlowControl(BaseException):
         ({"on": lambda exc, more: True}, "one argument"),
         ({"on": OSError, "clock": object()}, "clock must be a resilience Clock"),
         ({"on": OSError, "name": 5}, "name must be a str"),
+        # A blank name labels nothing (and a shared state named blank is everyone's).
+        ({"on": OSError, "name": ""}, "name must not be blank"),
+        ({"on": OSError, "name": "   "}, "name must not be blank"),
         # A generator is used up by the first call; later calls would share the rest.
         ({"on": OSError, "backoff": (d for d in (0.1, 0.2))}, "re-iterable"),
         ({"on": OSError, "backoff": iter([0.1])}, "re-iterable"),

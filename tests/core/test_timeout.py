@@ -149,6 +149,23 @@ def test_a_timeout_error_keeps_its_message_when_pickled_or_copied(fake_clock: Fa
     assert str(pickle.loads(pickle.dumps(rs.Timeout(2.5)))) == "timed out after 2.5s"
 
 
+def test_a_copied_timeout_policy_keeps_its_name_and_clock(fake_clock: FakeClock) -> None:
+    """copy/deepcopy of a Timeout (or of a Pipeline holding one) keeps its name and its
+    clock, the same virtual time (it came back named "Timeout" on the system clock, and
+    a copied pipeline's timeout no longer followed the test's FakeClock); pickling keeps
+    the name (the clock stays behind)."""
+    import copy
+    import pickle
+
+    timeout = rs.Timeout(5.0, clock=fake_clock, name="llm")
+    for again in (copy.copy(timeout), copy.deepcopy(timeout)):
+        assert (again.name, again.seconds, again._clock) == ("llm", 5.0, fake_clock)
+    [inner] = copy.deepcopy(rs.Pipeline(timeout)).policies
+    assert isinstance(inner, rs.Timeout)
+    assert inner._clock is fake_clock
+    assert pickle.loads(pickle.dumps(timeout)).name == "llm"
+
+
 @pytest.mark.anyio
 async def test_a_spent_deadline_reads_the_same_on_the_real_clock() -> None:
     """The same on the real clock, where async calls take another path."""
@@ -196,9 +213,12 @@ async def test_a_call_that_takes_exactly_its_limit_times_out_sync_and_async(
 async def test_async_context_manager_cancels_its_block() -> None:
     """async with rs.Timeout(s) cuts the enclosed block."""
     timeout = rs.Timeout(0.05)
-    with anyio.fail_after(5), pytest.raises(rs.Timeout):
+    with anyio.fail_after(5), pytest.raises(rs.Timeout) as caught:
         async with timeout:
             await anyio.sleep_forever()
+    # The cancellation that cut the block is no error the timeout happened "during the
+    # handling of" (the traceback showed it so; call_async did not).
+    assert caught.value.__suppress_context__
 
 
 @pytest.mark.anyio
