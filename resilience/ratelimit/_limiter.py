@@ -262,7 +262,7 @@ class RateLimiter(PolicyBase):
     def _check_cost(self, cost: int) -> None:
         self._gcra.check_cost(cost)
 
-    def _refused(self, key: Hashable, retry_after: float) -> RateLimited:
+    def _note_refusal(self, key: Hashable, retry_after: float) -> None:
         self._rejected += 1
         if self._observed:
             self._emit(
@@ -270,13 +270,21 @@ class RateLimiter(PolicyBase):
                     policy=self.name, key=None if key is None else str(key), retry_after=retry_after
                 )
             )
-        return RateLimited(f"{self.name}: rate limited", retry_after=retry_after)
+
+    def _refused(self, key: Hashable, retry_after: float) -> RateLimited:
+        """Count and report a refusal; the error to raise for it."""
+        self._note_refusal(key, retry_after)
+        where = "" if key is None else f" for {key!r}"
+        return RateLimited(
+            f"{self.name}: rate limited{where}, retry after {retry_after:.3f}s",
+            retry_after=retry_after,
+        )
 
     def _count(self, decision: Decision, key: Hashable) -> Decision:
         if decision.allowed:
             self._admitted += 1
         else:
-            self._refused(key, decision.retry_after)
+            self._note_refusal(key, decision.retry_after)  # no error built: none raised
         return decision
 
     def _polling_delay(self, decision: Decision, budget_us: int) -> float | None:

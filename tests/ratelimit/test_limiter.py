@@ -106,8 +106,10 @@ def test_per_domain_key_function(fake_clock: FakeClock) -> None:
     fetch = limiter(lambda url: url)
     assert fetch("https://a.example/1")
     assert fetch("https://b.example/1")
-    with pytest.raises(rs.RateLimited):
+    with pytest.raises(rs.RateLimited) as info:
         fetch("https://a.example/2")
+    # The message says which key, and for how long (it said "rate limited" alone).
+    assert str(info.value) == "RateLimiter: rate limited for 'a.example', retry after 1.000s"
     assert limiter.try_acquire("b.example").allowed is False
     assert limiter.try_acquire("c.example").allowed is True
 
