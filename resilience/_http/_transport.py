@@ -29,6 +29,7 @@ from .._events import (
     RetriesExhausted,
     RetryScheduled,
 )
+from .._retry import _chain
 from .._validate import (
     check_backoff,
     check_bool,
@@ -620,10 +621,17 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observab
         try:
             response = self._send(request, host, inner)
         except Exception as error:
-            return self._resume(request, body, host, inner, None, error)
-        if response.status_code in self._retry_statuses:
-            return self._resume(request, body, host, inner, response, None)
-        return response
+            failure: Exception | None = error
+        else:
+            if response.status_code in self._retry_statuses:
+                return self._resume(request, body, host, inner, response, None)
+            return response
+        try:
+            # Resumed outside the except block: a later attempt's error would have this
+            # first one as its context, whatever failed in between (see _chain).
+            return self._resume(request, body, host, inner, None, failure)
+        finally:
+            failure = None  # no exception <-> frame cycle
 
     def _resume(
         self,
@@ -636,29 +644,35 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observab
     ) -> httpx.Response:
         """Carry on after a failed first attempt (the happy path never gets here)."""
         run = self._start(request, body)
-        while True:
-            delay = self._plan(run, host, response, exc)
-            if delay is None:
+        links: list[BaseException] = []  # errors whose context _chain set
+        try:
+            while True:
+                delay = self._plan(run, host, response, exc)
+                if delay is None:
+                    if exc is not None:
+                        try:
+                            raise exc
+                        finally:
+                            # Not kept by this frame, which the traceback references: no
+                            # exception <-> frame cycle left for the garbage collector.
+                            exc = None
+                    assert response is not None
+                    return response
+                try:
+                    kept = _kept(response)
+                    self._clock.sleep(delay)
+                except BaseException:
+                    self._unschedule(run)
+                    raise
+                previous = exc
+                response, exc = self._round(request, body, host, inner, run)
                 if exc is not None:
-                    try:
-                        raise exc
-                    finally:
-                        # Not kept by this frame, which the traceback references: no
-                        # exception <-> frame cycle left for the garbage collector.
-                        exc = None
-                assert response is not None
-                return response
-            try:
-                kept = _kept(response)
-                self._clock.sleep(delay)
-            except BaseException:
-                self._unschedule(run)
-                raise
-            previous = exc
-            response, exc = self._round(request, body, host, inner, run)
-            final = self._settled(host, run, response, exc, kept, previous)
-            if final is not None:
-                return final
+                    _chain(exc, previous, links)  # attempt n follows n - 1, as in Retry
+                final = self._settled(host, run, response, exc, kept, previous)
+                if final is not None:
+                    return final
+        finally:
+            links.clear()  # no exception <-> frame cycle left behind
 
     def _settled(
         self,
@@ -887,10 +901,16 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observab
         try:
             response = await self._send_async(request, host, inner)
         except Exception as error:
-            return await self._resume_async(request, body, host, inner, None, error)
-        if response.status_code in self._retry_statuses:
-            return await self._resume_async(request, body, host, inner, response, None)
-        return response
+            failure: Exception | None = error
+        else:
+            if response.status_code in self._retry_statuses:
+                return await self._resume_async(request, body, host, inner, response, None)
+            return response
+        try:
+            # Outside the except block (see handle_request).
+            return await self._resume_async(request, body, host, inner, None, failure)
+        finally:
+            failure = None  # no exception <-> frame cycle
 
     async def _resume_async(
         self,
@@ -903,29 +923,35 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observab
     ) -> httpx.Response:
         """Carry on after a failed first attempt (the happy path never gets here)."""
         run = self._start(request, body)
-        while True:
-            delay = self._plan(run, host, response, exc)
-            if delay is None:
+        links: list[BaseException] = []  # errors whose context _chain set
+        try:
+            while True:
+                delay = self._plan(run, host, response, exc)
+                if delay is None:
+                    if exc is not None:
+                        try:
+                            raise exc
+                        finally:
+                            # Not kept by this frame, which the traceback references: no
+                            # exception <-> frame cycle left for the garbage collector.
+                            exc = None
+                    assert response is not None
+                    return response
+                try:
+                    kept = await _kept_async(response)
+                    await self._clock.sleep_async(delay)
+                except BaseException:
+                    self._unschedule(run)
+                    raise
+                previous = exc
+                response, exc = await self._round_async(request, body, host, inner, run)
                 if exc is not None:
-                    try:
-                        raise exc
-                    finally:
-                        # Not kept by this frame, which the traceback references: no
-                        # exception <-> frame cycle left for the garbage collector.
-                        exc = None
-                assert response is not None
-                return response
-            try:
-                kept = await _kept_async(response)
-                await self._clock.sleep_async(delay)
-            except BaseException:
-                self._unschedule(run)
-                raise
-            previous = exc
-            response, exc = await self._round_async(request, body, host, inner, run)
-            final = self._settled(host, run, response, exc, kept, previous)
-            if final is not None:
-                return final
+                    _chain(exc, previous, links)  # attempt n follows n - 1, as in Retry
+                final = self._settled(host, run, response, exc, kept, previous)
+                if final is not None:
+                    return final
+        finally:
+            links.clear()  # no exception <-> frame cycle left behind
 
     async def _round_async(
         self,

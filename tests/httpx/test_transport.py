@@ -1108,3 +1108,25 @@ def test_an_inner_transport_can_read_the_body_inside_a_deadline() -> None:
         with rs.deadline(5.0):
             response = client.post("http://api.test/echo", json={"a": 1})
     assert response.json() == {"a": 1}
+
+
+def test_the_last_error_chains_the_attempts_in_order(fake_clock: FakeClock) -> None:
+    """Each attempt's error has the one before as its context, as rs.Retry's do (the
+    third pointed at the first: every attempt after the first resumed inside the first
+    one's except block)."""
+    count = iter(range(1, 10))
+
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError(f"attempt {next(count)}", request=request)
+
+    transport = ResilientTransport(
+        httpx.MockTransport(refuse), attempts=3, backoff=NO_BACKOFF, clock=fake_clock
+    )
+    with httpx.Client(transport=transport) as client, pytest.raises(httpx.ConnectError) as info:
+        client.get(A)
+    chain = []
+    exc: BaseException | None = info.value
+    while exc is not None:
+        chain.append(str(exc))
+        exc = exc.__context__
+    assert chain == ["attempt 3", "attempt 2", "attempt 1"]
