@@ -80,11 +80,16 @@ class Rejected(ResilienceError):
         return f"{name}: call rejected, retry after {retry_after:.3f}s"
 
     def __reduce__(self) -> tuple[object, ...]:
-        return (_rebuild_rejected, (type(self), str(self), self.retry_after))
+        return (_restored, (type(self), self.args), self.__dict__)
 
 
-def _rebuild_rejected(cls: type[Rejected], message: str, retry_after: float | None) -> Rejected:
-    return cls(message, retry_after=retry_after)
+def _restored(cls: type[BaseException], args: tuple[object, ...]) -> BaseException:
+    """An exception as pickle or copy rebuilds it: its args, without running its
+    ``__init__`` (a subclass's own would take the message for its own arguments), its
+    attributes (``retry_after``, notes, a subclass's own) restored by pickle as state."""
+    error = cls.__new__(cls, *args)
+    error.args = args
+    return error
 
 
 class RateLimited(Rejected):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .._events import Event
-from ..errors import ResilienceError
+from ..errors import ResilienceError, _restored
 
 __all__ = ["BulkheadLeaseLost", "LeaseLost"]
 
@@ -50,8 +50,4 @@ class LeaseLost(ResilienceError):
         self.reason = reason
 
     def __reduce__(self) -> tuple[object, ...]:
-        return (_rebuild, (str(self), self.key, self.reason))
-
-
-def _rebuild(message: str, key: str | None, reason: str) -> LeaseLost:
-    return LeaseLost(message, key=key, reason=reason)
+        return (_restored, (type(self), self.args), self.__dict__)

@@ -38,6 +38,35 @@ def test_rejected_pickles_with_retry_after() -> None:
     assert (str(error), error.retry_after) == ("slow down", 2.0)
 
 
+class _HostPaused(rs.RateLimited):
+    """A user's refusal with its own __init__ and attribute."""
+
+    def __init__(self, host: str) -> None:
+        super().__init__(f"{host} paused", retry_after=3.0)
+        self.host = host
+
+
+def test_copies_of_refusals_keep_notes_attributes_and_their_class_s_arguments() -> None:
+    """Pickled or copied, a refusal keeps its notes and attributes, and a subclass with
+    its own __init__ comes back whole (notes and attributes were dropped, and such a
+    subclass came back as "a.test paused paused", its host "a.test paused")."""
+    import copy
+
+    from resilience.bulkhead import LeaseLost
+
+    error = _HostPaused("a.test")
+    error.add_note("while calling https://a.test/users")
+    lost = LeaseLost(key="k", reason="expired")
+    lost.add_note("downloads")
+    for again in (pickle.loads(pickle.dumps(error)), copy.copy(error), copy.deepcopy(error)):
+        assert type(again) is _HostPaused
+        assert (str(again), again.host, again.retry_after) == ("a.test paused", "a.test", 3.0)
+        assert again.__notes__ == ["while calling https://a.test/users"]
+    again_lost = pickle.loads(pickle.dumps(lost))
+    assert (str(again_lost), again_lost.key, again_lost.reason) == (str(lost), "k", "expired")
+    assert again_lost.__notes__ == ["downloads"]
+
+
 def test_timeout_is_a_timeout_error() -> None:
     """rs.Timeout is a ResilienceError and a builtin TimeoutError."""
     assert issubclass(rs.Timeout, rs.ResilienceError)
