@@ -223,7 +223,7 @@ class Timeout(PolicyBase, ResilienceError, TimeoutError):
         # Pickled (a raised error crossing processes): seconds, message and name; the
         # clock stays behind (a test clock's timers need not pickle), the copy runs on
         # the system clock.
-        return (_restore_timeout, (self.seconds, self.args, self.name))
+        return (_restore_timeout, (self.seconds, self.args, self.name), self._extra())
 
     def __copy__(self) -> Timeout:
         return self._twin()
@@ -236,7 +236,14 @@ class Timeout(PolicyBase, ResilienceError, TimeoutError):
     def _twin(self) -> Timeout:
         twin = Timeout(self.seconds, clock=self._clock, name=self.name)
         twin.args = self.args
+        twin.__dict__.update(self._extra())
         return twin
+
+    def _extra(self) -> dict[str, Any]:
+        """What was added to this instance beyond the policy's own state: a raised
+        error's notes, attributes a handler set; kept by copies and pickles."""
+        own = _POLICY_ATTRIBUTES or _policy_attributes()
+        return {k: v for k, v in self.__dict__.items() if k not in own}
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else f"timed out after {self.seconds:g}s"
@@ -451,6 +458,16 @@ class Timeout(PolicyBase, ResilienceError, TimeoutError):
         Example: ``rs.Timeout(1).statistics().timed_out == 0``
         """
         return TimeoutStatistics(self._timed_out)
+
+
+_POLICY_ATTRIBUTES: frozenset[str] = frozenset()
+
+
+def _policy_attributes() -> frozenset[str]:
+    """The instance attributes a Timeout has of its own (found once, on a fresh one)."""
+    global _POLICY_ATTRIBUTES
+    _POLICY_ATTRIBUTES = frozenset(Timeout(1.0).__dict__)
+    return _POLICY_ATTRIBUTES
 
 
 def _restore_timeout(seconds: float, args: tuple[Any, ...], name: str | None = None) -> Timeout:

@@ -645,6 +645,7 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observab
         """Carry on after a failed first attempt (the happy path never gets here)."""
         run = self._start(request, body)
         links: list[BaseException] = []  # errors whose context _chain set
+        previous: Exception | None = None
         try:
             while True:
                 delay = self._plan(run, host, response, exc)
@@ -672,7 +673,9 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observab
                 if final is not None:
                     return final
         finally:
-            links.clear()  # no exception <-> frame cycle left behind
+            # The errors' tracebacks reference this frame: none is kept by it.
+            links.clear()
+            previous = exc = None
 
     def _settled(
         self,
@@ -694,9 +697,10 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observab
             self._give_up(host, run.attempt, reason, exc)
             if kept is not None:
                 return kept
-            if previous is not None:
-                raise previous
-            raise exc
+            try:
+                raise previous if previous is not None else exc
+            finally:
+                previous = exc = None  # not kept by this frame: no exception <-> frame cycle
         if response is not None and response.status_code not in self._retry_statuses:
             if response.status_code < 500:
                 self._recovered += 1
@@ -924,6 +928,7 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observab
         """Carry on after a failed first attempt (the happy path never gets here)."""
         run = self._start(request, body)
         links: list[BaseException] = []  # errors whose context _chain set
+        previous: Exception | None = None
         try:
             while True:
                 delay = self._plan(run, host, response, exc)
@@ -951,7 +956,9 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observab
                 if final is not None:
                     return final
         finally:
-            links.clear()  # no exception <-> frame cycle left behind
+            # The errors' tracebacks reference this frame: none is kept by it.
+            links.clear()
+            previous = exc = None
 
     async def _round_async(
         self,
@@ -1070,8 +1077,10 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observab
             except Exception as exc:
                 outcome = exc
             outcomes.append((admitted is not None, outcome))
+            good = self._good(outcome)
+            outcome = None  # type: ignore[assignment] # not kept by this frame (no cycle)
             first_event.set()
-            if self._good(outcome) or len(outcomes) >= started[0]:
+            if good or len(outcomes) >= started[0]:
                 settled.set()
 
         # Virtual clocks (FakeClock) time the hedge with a sleeping task, so that the
@@ -1112,6 +1121,8 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observab
         for i, (_, outcome) in enumerate(outcomes):
             if i != index and isinstance(outcome, httpx.Response):
                 await aclose_quietly(outcome)
+        outcome = None  # type: ignore[assignment]
+        outcomes.clear()  # the attempts' errors reference frames of this round: no cycle
         return result
 
     async def aclose(self) -> None:

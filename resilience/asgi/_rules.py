@@ -236,7 +236,9 @@ class Matcher:
                     f"{owner} does not understand rule option(s) {sorted(unknown)} in {rule!r}; "
                     f"it reads {sorted(allowed)}"
                 )
-            methods = None if rule.methods is None else frozenset(m.upper() for m in rule.methods)
+            methods = (
+                None if rule.methods is None else frozenset(m.strip().upper() for m in rule.methods)
+            )
             scope_types.update(rule.scopes)
             if _is_literal(rule.path):
                 self._exact.setdefault(str(rule.path), []).append((index, rule, methods))

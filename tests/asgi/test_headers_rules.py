@@ -227,6 +227,10 @@ def test_rules_that_could_never_match_are_refused(options: dict[str, Any], named
     with pytest.raises(ConfigurationError, match=named):
         Rule(**options)
     Rule("/ws", scopes=("websocket",), methods=["get"])  # the handshake's GET matches
+    # A stray space or lower case still names the method (" GET" passed the check above
+    # and never matched).
+    matcher = Matcher([Rule("/login", methods=["POST "])], allowed={"cost"}, owner="Test")
+    assert matcher.match(http_scope("/login", method="POST")) is not None
 
 
 def test_exempt_predicate() -> None:

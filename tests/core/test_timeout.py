@@ -164,6 +164,14 @@ def test_a_copied_timeout_policy_keeps_its_name_and_clock(fake_clock: FakeClock)
     assert isinstance(inner, rs.Timeout)
     assert inner._clock is fake_clock
     assert pickle.loads(pickle.dumps(timeout)).name == "llm"
+    # A raised one's notes and the attributes a handler set go along too.
+    error = rs.Timeout(2.0, name="llm")
+    error.add_note("while asking the model")
+    error.request_id = "r-42"  # type: ignore[attr-defined]
+    for again in (pickle.loads(pickle.dumps(error)), copy.copy(error), copy.deepcopy(error)):
+        assert again.__notes__ == ["while asking the model"]
+        assert again.request_id == "r-42"  # type: ignore[attr-defined]
+        assert (again.name, str(again)) == ("llm", "timed out after 2s")
 
 
 @pytest.mark.anyio

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import weakref
 from typing import Any
 
 import anyio
@@ -1130,3 +1131,63 @@ def test_the_last_error_chains_the_attempts_in_order(fake_clock: FakeClock) -> N
         chain.append(str(exc))
         exc = exc.__context__
     assert chain == ["attempt 3", "attempt 2", "attempt 1"]
+
+
+_REFUSED: list[Any] = []
+
+
+class _Refused(httpx.ConnectError):
+    """A connection error that can be watched for being freed (a weak reference to each
+    is kept in ``_REFUSED``; none is kept in a local of the raising frame, which its
+    traceback references)."""
+
+    def __init__(self, message: str, *, request: httpx.Request) -> None:
+        super().__init__(message, request=request)
+        _REFUSED.append(weakref.ref(self))
+
+
+@pytest.mark.parametrize("case", ["retries", "refused retry", "hedged async"])
+def test_errors_of_a_retried_request_are_freed_without_the_collector(case: str) -> None:
+    """After the call, every attempt's error is freed by reference counting: the resume
+    loop, a refused retry and an async hedged round kept theirs in exception <-> frame
+    cycles, for the garbage collector's next full pass."""
+    import asyncio
+    import gc
+
+    refs = _REFUSED
+    refs.clear()
+
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise _Refused("refused", request=request)
+
+    options: dict[str, Any] = {"attempts": 3, "backoff": NO_BACKOFF}
+    if case == "refused retry":
+        options["limiter"] = "1/minute"
+    if case == "hedged async":
+        options["hedge"] = 5.0
+    transport = ResilientTransport(httpx.MockTransport(refuse), **options)
+    request = httpx.Request("GET", A)
+
+    async def send_async() -> bool:
+        try:  # caught in the task: a task that ends in an error keeps it
+            await transport.handle_async_request(request)
+        except _Refused:
+            return True
+        return False
+
+    def send() -> bool:
+        if case == "hedged async":
+            return asyncio.run(send_async())
+        try:  # not pytest.raises: its ExceptionInfo would keep the error (and a cycle)
+            transport.handle_request(request)
+        except _Refused:
+            return True
+        return False
+
+    gc.disable()
+    try:
+        assert send()
+        assert refs
+        assert [ref for ref in refs if ref() is not None] == []
+    finally:
+        gc.enable()
