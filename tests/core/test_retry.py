@@ -677,13 +677,19 @@ async def test_the_last_exception_chains_every_attempt_in_order(
     ):
         with pytest.raises(Attempt) as caught:
             await _to_the_end(run)
-        chain = []
-        exc: BaseException | None = caught.value
-        while exc is not None:
-            chain.append(exc.args[0])
-            exc = exc.__context__
+        chain = _attempts(caught.value)
         assert chain == sorted(chain, reverse=True)
         assert len(chain) == 3
+
+
+def _attempts(error: BaseException) -> list[Any]:
+    """The attempt numbers along ``error``'s chain of contexts, latest first."""
+    chain = []
+    exc: BaseException | None = error
+    while exc is not None:
+        chain.append(exc.args[0])
+        exc = exc.__context__
+    return chain
 
 
 class _Payload:
@@ -718,12 +724,7 @@ async def test_a_long_retry_loop_keeps_only_the_latest_attempts_alive(
             peak = 0
             with pytest.raises(Attempt) as caught:
                 await _to_the_end(run)
-            chain = []
-            exc: BaseException | None = caught.value
-            while exc is not None:
-                chain.append(exc.args[0])
-                exc = exc.__context__
-            assert chain == [50, 49, 48]
+            assert _attempts(caught.value) == [50, 49, 48]
             # The running attempt's, the three chained, and the first (the call's own
             # frame holds it until it ends): 5 of 50 at most.
             assert peak <= 5
