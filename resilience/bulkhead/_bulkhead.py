@@ -250,7 +250,7 @@ class Bulkhead(PolicyBase):
 
     def _take_quietly(self, key: Hashable) -> Permit | None:
         """A free slot of ``key`` now, or ``None``: no event, no rejection counted (the
-        first step of :meth:`_acquire_quietly_async`, for an in-process bulkhead)."""
+        first step of every in-process acquisition)."""
         n = self._slots.try_acquire(key)
         return Permit(self, key, self._sample_start(n)) if n else None
 
@@ -263,11 +263,8 @@ class Bulkhead(PolicyBase):
                 return self.acquire_nowait(key)
             except BulkheadFull:
                 return None
-        n = self._slots.try_acquire(key)
-        if not n:
-            return None
-        permit = Permit(self, key, self._sample_start(n))
-        if self._listeners or GLOBAL_LISTENERS:
+        permit = self._take_quietly(key)
+        if permit is not None and (self._listeners or GLOBAL_LISTENERS):
             self._report_held(key, 0.0, permit.release)
         return permit
 
@@ -299,11 +296,11 @@ class Bulkhead(PolicyBase):
         wait = self.max_wait if max_wait is None else _check_wait(max_wait)
         if self._remote is not None:
             return self._remote.acquire(key, priority, wait)
-        n = self._slots.try_acquire(key)
-        if not n:
+        permit = self._take_quietly(key)
+        if permit is None:
             self._wait(key, priority, wait)
-            n = self._limit
-        return Permit(self, key, self._sample_start(n))
+            permit = Permit(self, key, self._sample_start(self._limit))
+        return permit
 
     async def acquire_async(
         self, key: Hashable = None, *, priority: int | None = None, max_wait: float | None = None
@@ -342,11 +339,11 @@ class Bulkhead(PolicyBase):
         wait = self.max_wait if max_wait is None else _check_wait(max_wait)
         if self._remote is not None:
             return await self._remote.acquire_async(key, priority, wait, may_wait)
-        n = self._slots.try_acquire(key)
-        if not n:
+        permit = self._take_quietly(key)
+        if permit is None:
             await self._wait_async(key, priority, wait, may_wait)
-            n = self._limit
-        return Permit(self, key, self._sample_start(n))
+            permit = Permit(self, key, self._sample_start(self._limit))
+        return permit
 
     # ------------------------------------------------------------------ policy
 
