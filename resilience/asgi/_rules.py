@@ -44,6 +44,12 @@ UNSET: Final = _Unset.UNSET
 SCOPE_TYPES: Final = frozenset({"http", "websocket"})
 """The ASGI scope types a rule can name."""
 
+
+def method_names(methods: Iterable[str]) -> frozenset[str]:
+    """HTTP method names as requests carry them: ``"post "`` and ``"POST"`` are one."""
+    return frozenset(m.strip().upper() for m in methods)
+
+
 _PARAM = re.compile(r"\{([a-zA-Z_][a-zA-Z0-9_]*)(?::([a-zA-Z_]+))?\}")
 _CONVERTORS = {
     "str": "[^/]+",
@@ -181,7 +187,7 @@ class Rule:
         if (
             self.methods is not None
             and "http" not in scopes
-            and "GET" not in {m.strip().upper() for m in self.methods}
+            and "GET" not in method_names(self.methods)
         ):
             # Websocket scopes carry no method: they match as the GET of their handshake.
             raise ConfigurationError(
@@ -236,9 +242,7 @@ class Matcher:
                     f"{owner} does not understand rule option(s) {sorted(unknown)} in {rule!r}; "
                     f"it reads {sorted(allowed)}"
                 )
-            methods = (
-                None if rule.methods is None else frozenset(m.strip().upper() for m in rule.methods)
-            )
+            methods = None if rule.methods is None else method_names(rule.methods)
             scope_types.update(rule.scopes)
             if _is_literal(rule.path):
                 self._exact.setdefault(str(rule.path), []).append((index, rule, methods))
