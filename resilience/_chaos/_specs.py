@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from .._validate import check_choice, check_int, check_number, check_probability
-from ..errors import ConfigurationError, InjectedFault
+from ..errors import ConfigurationError, InjectedFault, _restored
 
 __all__ = [
     "ConnectFailure",
@@ -517,8 +517,7 @@ def _copy_exception(exc: BaseException) -> BaseException:
     ``__slots__`` alike.
     """
     cls = type(exc)
-    fresh = cls.__new__(cls, *exc.args)
-    fresh.args = exc.args
+    fresh = _restored(cls, exc.args)
     state = getattr(exc, "__dict__", None)
     if state:
         fresh.__dict__.update(state)
