@@ -464,7 +464,8 @@ _POLICY_ATTRIBUTES: frozenset[str] = frozenset()
 
 
 def _policy_attributes() -> frozenset[str]:
-    """The instance attributes a Timeout has of its own (found once, on a fresh one)."""
+    """The instance attributes a Timeout has of its own (found once, on a fresh one;
+    not at import: building one needs modules that import this one)."""
     global _POLICY_ATTRIBUTES
     _POLICY_ATTRIBUTES = frozenset(Timeout(1.0).__dict__)
     return _POLICY_ATTRIBUTES
