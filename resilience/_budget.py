@@ -16,8 +16,8 @@ __all__ = ["RetryBudget", "RetryBudgetStatistics"]
 class RetryBudgetStatistics:
     """A snapshot of a :class:`RetryBudget`.
 
-    ``calls``, ``retries`` and ``available`` (retries the budget would still grant)
-    cover the current window; ``refused`` counts every refusal since the budget was
+    ``calls``, ``retries`` and ``available`` (whole retries the budget would still
+    grant) cover the current window; ``refused`` counts every refusal since the budget was
     made.
 
     Example: ``budget.statistics().available``
@@ -26,7 +26,7 @@ class RetryBudgetStatistics:
     calls: int
     retries: int
     refused: int
-    available: float
+    available: int
 
 
 class RetryBudget:
@@ -98,6 +98,15 @@ class RetryBudget:
             retries += bucket_retries
         return calls, retries
 
+    def _grantable(self, calls: int, retries: int) -> int:
+        """Whole retries left: ``floor(ratio·calls + min_per_second·window) - retries``.
+
+        The allowance is rounded with a relative tolerance because binary floats land
+        just under the whole number they mean (``0.29 * 100 == 28.999999999999996``),
+        which would withhold a retry the formula grants."""
+        allowance = self.ratio * calls + self.min_per_second * self.window
+        return max(math.floor(allowance * (1 + 1e-12) + 1e-12) - retries, 0)
+
     def try_withdraw(self) -> bool:
         """Take one retry from the budget; ``False`` (and nothing taken) when it is empty."""
         return self._take() is not None
@@ -109,7 +118,7 @@ class RetryBudget:
         with self._lock:
             bucket = self._bucket(now)
             calls, retries = self._totals()
-            if retries + 1 > self.ratio * calls + self.min_per_second * self.window:
+            if self._grantable(calls, retries) < 1:
                 self._refused += 1
                 return None
             bucket[1] += 1
@@ -130,8 +139,8 @@ class RetryBudget:
         with self._lock:
             self._bucket(self._clock.monotonic())
             calls, retries = self._totals()
-            available = self.ratio * calls + self.min_per_second * self.window - retries
-            return RetryBudgetStatistics(calls, retries, self._refused, max(available, 0.0))
+            available = self._grantable(calls, retries)
+            return RetryBudgetStatistics(calls, retries, self._refused, available)
 
     def __repr__(self) -> str:
         return (

@@ -7,6 +7,7 @@ import contextlib
 import gc
 import itertools
 import weakref
+from fractions import Fraction
 from typing import Any
 
 import pytest
@@ -218,24 +219,30 @@ def test_budget_caps_retries_under_total_failure(fake_clock: FakeClock) -> None:
 
 
 @given(
-    ratio=st.sampled_from([0.1, 0.2, 0.5, 1.0]),
-    calls=st.integers(min_value=0, max_value=40),
+    percent=st.integers(min_value=0, max_value=100),
+    calls=st.integers(min_value=0, max_value=400),
     floor=st.sampled_from([0.0, 0.25, 1.0]),
 )
 def test_budget_never_lets_retries_exceed_the_formula(
-    ratio: float, calls: int, floor: float
+    percent: int, calls: int, floor: float
 ) -> None:
     """Withdrawals stop exactly where ``retries + 1 <= ratio·calls + floor·window`` stops
-    holding: never more retries than the budget, none fewer."""
+    holding, computed exactly: never more retries than the budget, none fewer, even
+    where the float product lands just under a whole number (0.29 × 100), and
+    ``statistics().available`` announces exactly the retries that are then granted."""
     clock = FakeClock()
+    ratio = percent / 100
     budget = rs.RetryBudget(ratio=ratio, min_per_second=floor, window=4, clock=clock)
     for _ in range(calls):
         budget.deposit()
+    announced = budget.statistics().available
     granted = 0
     while budget.try_withdraw():
         granted += 1
-    bound = ratio * calls + floor * 4
+    bound = Fraction(percent, 100) * calls + Fraction(floor) * 4
     assert granted <= bound < granted + 1
+    assert announced == granted
+    assert budget.statistics().available == 0
 
 
 @pytest.mark.anyio
