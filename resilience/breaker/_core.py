@@ -167,8 +167,10 @@ class BreakerCore:
         "_lock",
         "_open_message",
         "_open_until",
+        "_outbox",
         "_rejected",
         "_remote",
+        "_reporting",
         "_trips",
         "_window",
         "config",
@@ -211,13 +213,17 @@ class BreakerCore:
         self._remote = False
         self._trips = 0
         self._rejected = AtomicCounter()
+        #: Changes made under the lock, in order, not yet reported to the owner; one
+        #: thread at a time reports them (``_reporting``), so listeners and the fleet
+        #: hear them in the order they happened.
+        self._outbox: list[_Change] = []
+        self._reporting = False
         #: Times the breaker opened since creation.
         self.opened = 0
         #: Until when a state set by hand must outlive the keyed map's eviction
         #: (``inf``: until closed by hand; 0: nothing held).
         self.held_until = 0.0
-        changes: list[_Change] = []
-        self._move(state, now, "initial", changes)
+        self._move(state, now, "initial")
 
     # ----------------------------------------------------------------- transitions
 
@@ -232,7 +238,6 @@ class BreakerCore:
         new: CircuitState,
         now: float,
         reason: str,
-        changes: list[_Change],
         *,
         open_for: float | None = None,
         remote: bool = False,
@@ -260,14 +265,14 @@ class BreakerCore:
                 self.opened += 1
         elif new is HALF_OPEN:
             self._half = _HalfOpen(elected=self.elect is None)
-        if reason != "initial":
-            changes.append((old, new, reason, open_for if new is OPEN else None))
+        if reason != "initial" and self.owner is not None:
+            self._outbox.append((old, new, reason, open_for if new is OPEN else None))
 
-    def _poll(self, now: float, changes: list[_Change]) -> None:
+    def _poll(self, now: float) -> None:
         state = self.state
         if state is OPEN:
             if now >= self._open_until:
-                self._move(HALF_OPEN, now, "cool_down", changes)
+                self._move(HALF_OPEN, now, "cool_down")
         elif state is HALF_OPEN:
             # Only probes that are out can be late: with none admitted yet (no traffic),
             # the breaker waits, half-open, for the next call.
@@ -280,13 +285,31 @@ class BreakerCore:
                 and half.admitted > half.results
                 and now >= half.since + wait
             ):
-                self._move(OPEN, now, "half_open_timeout", changes)
+                self._move(OPEN, now, "half_open_timeout")
 
-    def _flush(self, changes: list[_Change], now: float) -> None:
-        owner = self.owner
-        if owner is not None:
-            for change in changes:
-                owner._transitioned(self, change, now)
+    def _flush(self, now: float) -> None:
+        """Report the queued changes to the owner, outside the lock (listeners may be
+        slow or call back into the breaker).
+
+        One thread reports at a time and takes every change queued meanwhile, so two
+        threads' transitions are never reported in the opposite order to the one they
+        happened in: an operator's ``close()`` right after a trip reaches listeners and
+        the fleet last. A change queued while another thread reports is reported by
+        that thread."""
+        while True:
+            with self._lock:
+                if self._reporting or not self._outbox:
+                    return
+                self._reporting = True
+                changes, self._outbox = self._outbox, []
+            try:
+                owner = self.owner
+                assert owner is not None  # changes are queued only for an owner
+                for change in changes:
+                    owner._transitioned(self, change, now)
+            finally:
+                with self._lock:
+                    self._reporting = False
 
     def _reject(self, retry_after: float | None) -> CircuitOpen:
         if self.owner is not None:
@@ -314,10 +337,9 @@ class BreakerCore:
             if left > 0:
                 self._rejected.tick()
                 raise self._reject(left)
-        changes: list[_Change] = []
         retry_after: float | None = None
         with self._lock:
-            self._poll(now, changes)
+            self._poll(now)
             state = self.state
             ticket = self.fast
             if ticket is None:
@@ -339,8 +361,8 @@ class BreakerCore:
                     retry_after = max(0.0, self._open_until - now)
                 if ticket is None:
                     self._rejected.tick()
-        if changes:
-            self._flush(changes, now)
+        if self._outbox:
+            self._flush(now)
         if ticket is None:
             raise self._reject(retry_after)
         return ticket
@@ -352,7 +374,6 @@ class BreakerCore:
         winner shares its outcome. If the breaker moved on while the election ran, the
         call is admitted afresh (which may ask for another election).
         """
-        changes: list[_Change] = []
         stale = False
         with self._lock:
             half = election.episode
@@ -363,10 +384,10 @@ class BreakerCore:
                 if won:
                     half.elected = True
                 else:
-                    self._move(OPEN, now, "fleet_probe", changes, open_for=wait, remote=True)
+                    self._move(OPEN, now, "fleet_probe", open_for=wait, remote=True)
                     self._rejected.tick()
-        if changes:
-            self._flush(changes, now)
+        if self._outbox:
+            self._flush(now)
         if stale:
             return self.acquire(now)
         if not won:
@@ -399,9 +420,8 @@ class BreakerCore:
         slow = duration is not None and duration > self.config.slow_after
         if ticket is _DISABLED:
             return outcome, slow
-        changes: list[_Change] = []
         with self._lock:
-            self._poll(now, changes)
+            self._poll(now)
             if ticket is self.fast:
                 if outcome is not IGNORE:
                     window = ticket
@@ -410,7 +430,7 @@ class BreakerCore:
                     if self.state is CLOSED:
                         reason = self.config.trip_reason(calls, failures, slows, window.consecutive)
                         if reason is not None:
-                            self._move(OPEN, now, reason, changes)
+                            self._move(OPEN, now, reason)
             elif ticket is self._half:
                 half = ticket
                 assert isinstance(half, _HalfOpen)
@@ -422,11 +442,11 @@ class BreakerCore:
                     half.slow += slow
                     if half.results >= self.config.half_open_calls:
                         if self.config.probes_failed(half.results, half.failures, half.slow):
-                            self._move(OPEN, now, "probes_failed", changes)
+                            self._move(OPEN, now, "probes_failed")
                         else:
-                            self._move(CLOSED, now, "probes_succeeded", changes)
-        if changes:
-            self._flush(changes, now)
+                            self._move(CLOSED, now, "probes_succeeded")
+        if self._outbox:
+            self._flush(now)
         return outcome, slow
 
     # ----------------------------------------------------------------- control
@@ -435,12 +455,11 @@ class BreakerCore:
         """The state at ``now`` (an elapsed cool-down makes OPEN half-open)."""
         if self.fast is not None:
             return self.state
-        changes: list[_Change] = []
         with self._lock:
-            self._poll(now, changes)
+            self._poll(now)
             state = self.state
-        if changes:
-            self._flush(changes, now)
+        if self._outbox:
+            self._flush(now)
         return state
 
     def transition(self, target: CircuitState, now: float, *, seconds: float | None = None) -> None:
@@ -450,7 +469,6 @@ class BreakerCore:
         lasts ``seconds`` (default ``open_for``) and does not grow later cool-downs.
         Moving to the current state is otherwise a no-op.
         """
-        changes: list[_Change] = []
         with self._lock:
             old = self.state
             if target is old and target is not OPEN and target is not CLOSED:
@@ -458,10 +476,11 @@ class BreakerCore:
             open_for = None
             if target is OPEN:
                 open_for = self.config.open_for if seconds is None else seconds
-            self._move(target, now, "manual", changes, open_for=open_for)
-            if target is old and target is CLOSED:
-                changes.clear()  # a reset of the window, not a state change
-        self._flush(changes, now)
+            self._move(target, now, "manual", open_for=open_for)
+            if target is old and target is CLOSED and self.owner is not None:
+                self._outbox.pop()  # a reset of the window, not a state change
+        if self._outbox:
+            self._flush(now)
 
     def remote_open(self, now: float, seconds: float, trips: int = 0) -> None:
         """Another process opened this breaker for ``seconds``: open too (CLOSED/HALF_OPEN).
@@ -470,17 +489,17 @@ class BreakerCore:
         breaker keeps the later of the two ends. ``trips`` is the fleet's count of trips
         in a row: a later trip of this process grows its cool-down from there.
         """
-        changes: list[_Change] = []
         with self._lock:
-            self._poll(now, changes)
+            self._poll(now)
             state = self.state
             if state is CLOSED or state is HALF_OPEN:
-                self._move(OPEN, now, "remote", changes, open_for=seconds, remote=True)
+                self._move(OPEN, now, "remote", open_for=seconds, remote=True)
             elif state is OPEN and now + seconds > self._open_until:
                 self._open_until = now + seconds
             if self.state is OPEN and trips > self._trips:
                 self._trips = trips
-        self._flush(changes, now)
+        if self._outbox:
+            self._flush(now)
 
     @property
     def trips(self) -> int:
@@ -493,13 +512,13 @@ class BreakerCore:
         an operator closed the breaker there; close from any OPEN state here too (the
         states set by hand, DISABLED, FORCED_OPEN and METRICS_ONLY, stay).
         """
-        changes: list[_Change] = []
         with self._lock:
-            self._poll(now, changes)
+            self._poll(now)
             state = self.state
             if state is HALF_OPEN or (state is OPEN and (self._remote or manual)):
-                self._move(CLOSED, now, "remote", changes)
-        self._flush(changes, now)
+                self._move(CLOSED, now, "remote")
+        if self._outbox:
+            self._flush(now)
 
     def retry_after(self, now: float) -> float | None:
         """Seconds until half-open while OPEN, else ``None``."""
@@ -509,9 +528,8 @@ class BreakerCore:
 
     def statistics(self, now: float) -> BreakerStatistics:
         """A consistent snapshot at ``now``."""
-        changes: list[_Change] = []
         with self._lock:
-            self._poll(now, changes)
+            self._poll(now)
             window = self._window
             calls = failures = slow = consecutive = 0
             if window is not None:
@@ -532,7 +550,8 @@ class BreakerCore:
                 retry_after=max(0.0, self._open_until - now) if self.state is OPEN else None,
                 half_open_in_flight=0 if half is None else half.admitted - half.results,
             )
-        self._flush(changes, now)
+        if self._outbox:
+            self._flush(now)
         return stats
 
     def __repr__(self) -> str:

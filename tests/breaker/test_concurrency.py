@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import itertools
+import sys
 import threading
+import time
 
 import anyio
 import pytest
@@ -119,3 +123,72 @@ def test_lock_free_counting_is_exact_under_threads(
     assert stats.state is CircuitState.CLOSED
     assert stats.calls == 8 * per_thread
     assert stats.failures == 8 * per_thread // failures_every
+
+
+def test_transitions_reach_listeners_in_the_order_they_happened() -> None:
+    """A trip's report waits on a slow listener (a log handler on a slow sink); an
+    operator closes the breaker meanwhile. Listeners hear the trip, then the close:
+    the last event they get is the breaker's state (they used to hear the close first
+    and the trip last, and a state view built from events showed OPEN for good)."""
+    breaker = CircuitBreaker(consecutive_failures=1, failure_rate=None, open_for=30)
+    reporting_the_trip = threading.Event()
+    operator_done = threading.Event()
+    heard: list[tuple[str, str]] = []
+
+    def slow_listener(event: object) -> None:
+        if isinstance(event, rs.BreakerStateChanged) and event.new == "open":
+            reporting_the_trip.set()
+            operator_done.wait(5)
+
+    def record(event: object) -> None:
+        if isinstance(event, rs.BreakerStateChanged):
+            heard.append((event.old, event.new))
+
+    breaker.add_listener(slow_listener)
+    breaker.add_listener(record)
+
+    def trip() -> None:
+        with pytest.raises(ZeroDivisionError):
+            breaker.call(lambda: 1 / 0)
+
+    tripping = threading.Thread(target=trip)
+    tripping.start()
+    assert reporting_the_trip.wait(5)
+    breaker.close()  # after the trip, while its report is still being delivered
+    operator_done.set()
+    tripping.join(5)
+    assert breaker.state is rs.CircuitState.CLOSED
+    assert heard == [("closed", "open"), ("open", "closed")]
+
+
+def test_events_form_a_chain_under_threads() -> None:
+    """Six threads trip, probe and close one breaker thousands of times: every
+    state-change event starts where the previous one ended."""
+    breaker = CircuitBreaker(consecutive_failures=1, failure_rate=None, open_for=0.0005)
+    heard: list[tuple[str, str]] = []
+    breaker.add_listener(
+        lambda e: heard.append((e.old, e.new)) if isinstance(e, rs.BreakerStateChanged) else None
+    )
+    stop = time.monotonic() + 0.5
+
+    def hammer() -> None:
+        n = 0
+        while time.monotonic() < stop:
+            n += 1
+            with contextlib.suppress(ZeroDivisionError, rs.CircuitOpen):
+                breaker.call(lambda: 1 / 0 if n % 3 == 0 else 1)
+
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)
+    try:
+        threads = [threading.Thread(target=hammer) for _ in range(6)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        sys.setswitchinterval(switch)
+    state = breaker.state.value  # may report an elapsed cool-down first
+    assert len(heard) > 10
+    assert all(prev[1] == this[0] for prev, this in itertools.pairwise(heard))
+    assert heard[-1][1] == state
