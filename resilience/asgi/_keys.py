@@ -121,7 +121,8 @@ def _peer_digest(scope: Scope) -> str:
     """``cached_digest(peer(scope))`` for the socket-peer key of :func:`client_ip`,
     memoised by the peer address itself: the middleware's default key, one lookup."""
     client = scope.get("client")
-    host: str | None = client[0] if client else None
+    # granian on a Unix socket reports ("", 0): no peer address, like None
+    host: str | None = (client[0] or None) if client else None
     value = _PEER_DIGESTS.get(host)
     if value is None:
         value = cached_digest("ip:unknown" if host is None else "ip:" + host)
@@ -259,7 +260,7 @@ def client_ip(
         # The common case: the socket peer, no parsing at all.
         def peer(scope: Scope) -> str | None:
             client = scope.get("client")
-            return "ip:" + client[0] if client else "ip:unknown"
+            return "ip:" + client[0] if client and client[0] else "ip:unknown"
 
         key = Key(peer, name)
         key._digest = _peer_digest
@@ -286,7 +287,7 @@ def client_ip(
     def resolve(scope: Scope) -> str | None:
         client = scope.get("client")
         last: str | None
-        if client:
+        if client and client[0]:  # granian on a Unix socket: ("", 0), no peer
             last = client[0]
             if not trusted(last):
                 return render(last)

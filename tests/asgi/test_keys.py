@@ -118,6 +118,24 @@ def test_unix_socket_peer() -> None:
     assert key(scope) == "ip:192.0.2.44"
 
 
+@pytest.mark.parametrize("unix_peer", [None, ("", 0), ("", "0")])
+def test_a_unix_socket_peer_however_the_server_spells_it(unix_peer: Any) -> None:
+    """granian spells a Unix-socket peer ``("", 0)`` where uvicorn and hypercorn give
+    ``None``: either way it is no address. ``"unix"`` trusts it, so clients behind a
+    same-host proxy are keyed apart (they all shared the key ``"ip:"``)."""
+    behind_proxy = client_ip(trusted_proxies=["unix"])
+    keys = {
+        behind_proxy(http_scope(client=unix_peer, headers=[("x-forwarded-for", address)]))
+        for address in ("203.0.113.1", "203.0.113.2")
+    }
+    assert keys == {"ip:203.0.113.1", "ip:203.0.113.2"}
+    scope = http_scope(client=unix_peer)
+    assert client_ip()(scope) == "ip:unknown"
+    peer = client_ip()
+    assert peer._digest is not None  # the middleware's one-step hashed key agrees
+    assert peer._digest(scope) == digest("ip:unknown")
+
+
 def test_bad_configuration_is_refused() -> None:
     """Unknown proxies, headers and prefixes fail at construction."""
     with pytest.raises(ConfigurationError, match="trusted_proxies"):
