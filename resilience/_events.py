@@ -61,7 +61,9 @@ class Event:
 class RetryScheduled(Event):
     """An attempt failed and another one will start after ``delay`` seconds.
 
-    Example: ``retry.add_listener(lambda e: print(e.attempt, e.delay))``
+    Example::
+
+        retry.add_listener(lambda e: isinstance(e, rs.RetryScheduled) and print(e.attempt, e.delay))
     """
 
     attempt: int
@@ -75,7 +77,9 @@ class RetriesExhausted(Event):
     or (the httpx transport) ``"max_wait"``: a server pause would hold the retry longer,
     or ``"rejected"``: its limiter, bulkhead or breaker refused the retry before sending.
 
-    Example: ``retry.add_listener(lambda e: alert(e.reason))``
+    Example::
+
+        retry.add_listener(lambda e: isinstance(e, rs.RetriesExhausted) and alert(e.reason))
     """
 
     attempts: int
@@ -87,7 +91,11 @@ class RetriesExhausted(Event):
 class RetryBudgetExhausted(Event):
     """A retry was skipped because the shared :class:`RetryBudget` was empty.
 
-    Example: ``retry.add_listener(lambda e: metrics.inc("budget_empty"))``
+    Example::
+
+        retry.add_listener(
+            lambda e: isinstance(e, rs.RetryBudgetExhausted) and metrics.inc("budget_empty")
+        )
     """
 
     attempt: int
@@ -122,7 +130,11 @@ class CallAdmitted(Event):
     :class:`CallRejected` it gives the ``resilience.decisions`` counter both outcomes,
     and ``waited`` feeds the wait-time histogram.
 
-    Example: ``limiter.add_listener(lambda e: print(e.policy, e.key, e.waited))``
+    Example::
+
+        limiter.add_listener(
+            lambda e: isinstance(e, rs.CallAdmitted) and print(e.policy, e.key, e.waited)
+        )
     """
 
     allowed: bool = True
@@ -133,7 +145,11 @@ class CallAdmitted(Event):
 class CallRejected(Event):
     """A policy refused a call (rate limited, bulkhead full, circuit open).
 
-    Example: ``limiter.add_listener(lambda e: print("rejected", e.key, e.retry_after))``
+    Example::
+
+        limiter.add_listener(
+            lambda e: isinstance(e, rs.CallRejected) and print("rejected", e.key, e.retry_after)
+        )
     """
 
     retry_after: float | None = None
@@ -143,7 +159,9 @@ class CallRejected(Event):
 class StateChanged(Event):
     """A stateful policy (a circuit breaker) moved from ``old`` to ``new``.
 
-    Example: ``breaker.add_listener(lambda e: print(e.old, "->", e.new))``
+    Example::
+
+        breaker.add_listener(lambda e: isinstance(e, rs.StateChanged) and print(e.old, "->", e.new))
     """
 
     old: str
@@ -154,7 +172,11 @@ class StateChanged(Event):
 class BackendFallback(Event):
     """A shared backend failed; the policy applied its ``on_backend_error`` ``mode``.
 
-    Example: ``limiter.add_listener(lambda e: print("redis down, mode", e.mode))``
+    Example::
+
+        limiter.add_listener(
+            lambda e: isinstance(e, rs.BackendFallback) and print("redis down, mode", e.mode)
+        )
     """
 
     mode: str
@@ -165,7 +187,11 @@ class BackendFallback(Event):
 class BackendRecovered(Event):
     """A shared backend answered again after a failure; the policy is back on it.
 
-    Example: ``limiter.add_listener(lambda e: print("redis is back"))``
+    Example::
+
+        limiter.add_listener(
+            lambda e: isinstance(e, rs.BackendRecovered) and print("redis is back")
+        )
     """
 
 

@@ -16,7 +16,11 @@ class HostPaused(Event):
     ``reason`` is ``"retry-after"`` (a ``Retry-After`` field) or ``"quota"`` (an
     advertised rate-limit quota ran out until its reset).
 
-    Example: ``transport.add_listener(lambda e: log.info("%s paused %.1fs", e.key, e.seconds))``
+    Example::
+
+        transport.add_listener(
+            lambda e: isinstance(e, HostPaused) and log.info("%s paused %.1fs", e.key, e.seconds)
+        )
     """
 
     seconds: float
@@ -27,7 +31,11 @@ class HostPaused(Event):
 class HedgeStarted(Event):
     """A request to ``key`` was still unanswered after ``delay`` s: a second copy was sent.
 
-    Example: ``transport.add_listener(lambda e: metrics.inc("hedges", host=e.key))``
+    Example::
+
+        transport.add_listener(
+            lambda e: isinstance(e, HedgeStarted) and metrics.inc("hedges", host=e.key)
+        )
     """
 
     delay: float

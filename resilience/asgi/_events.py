@@ -20,7 +20,11 @@ class ShadowRejected(Event):
     ``policy`` is the limiter's name (like its own ``CallRejected`` events), ``key``
     the hashed key.
 
-    Example: ``middleware.add_listener(lambda e: print("would refuse", e.key))``
+    Example::
+
+        middleware.add_listener(
+            lambda e: isinstance(e, ShadowRejected) and print("would refuse", e.key)
+        )
     """
 
     retry_after: float | None = None
@@ -36,7 +40,11 @@ class RequestAdmitted(Event):
     (:class:`ConcurrencyLimitMiddleware`; ``None`` for rate limits, which never queue).
     Feeds ``resilience.decisions{outcome="admitted"}`` and the wait-time histogram.
 
-    Example: ``middleware.add_listener(lambda e: print(e.policy, e.waited))``
+    Example::
+
+        middleware.add_listener(
+            lambda e: isinstance(e, RequestAdmitted) and print(e.policy, e.waited)
+        )
     """
 
     allowed: bool = True
@@ -52,7 +60,11 @@ class RequestCompleted(Event):
     (a timeout, or the client left before the response was complete, even when the
     app then returned normally). Feeds the call-duration histogram.
 
-    Example: ``middleware.add_listener(lambda e: print(e.duration, e.outcome))``
+    Example::
+
+        middleware.add_listener(
+            lambda e: isinstance(e, RequestCompleted) and print(e.duration, e.outcome)
+        )
     """
 
     duration: float

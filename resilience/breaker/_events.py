@@ -44,8 +44,9 @@ class OutcomeRecorded(Event):
 
     Example::
 
-        breaker.add_listener(lambda e: print(e.outcome, e.exception)
-                             if isinstance(e, OutcomeRecorded) else None)
+        breaker.add_listener(
+            lambda e: isinstance(e, OutcomeRecorded) and print(e.outcome, e.exception)
+        )
     """
 
     outcome: str
