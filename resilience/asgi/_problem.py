@@ -85,7 +85,8 @@ class Problem:
         """Refuse a websocket handshake: an HTTP response when the server supports the
         ``websocket.http.response`` extension, else the connection is accepted and
         closed with ``code`` (a close before the accept reaches the client as an HTTP
-        403, a refusal for good; ``1013`` says "try again later"). ``receive`` takes the
+        403, a refusal for good; ``1013`` says "try again later"; a server that allows
+        no such code, daphne, gets ``4000`` + the status instead). ``receive`` takes the
         ``websocket.connect`` message first, as an app answering the handshake does."""
         extensions = scope.get("extensions") or {}
         if "websocket.http.response" in extensions:
@@ -101,4 +102,12 @@ class Problem:
         if receive is not None and (await receive())["type"] != "websocket.connect":
             return  # the client left before its handshake was answered
         await send({"type": "websocket.accept"})
-        await send({"type": "websocket.close", "code": code})
+        try:
+            await send({"type": "websocket.close", "code": code})
+        except Exception:
+            if code == 1000 or 3000 <= code <= 4999:
+                raise
+            # daphne (autobahn) lets a server close only with 1000 or 3000-4999 and
+            # raises, having sent nothing, on 1013 and 1011: close with the private-use
+            # code 4000 + the HTTP status (4429, 4503), which says the same.
+            await send({"type": "websocket.close", "code": 4000 + self.status})

@@ -439,6 +439,36 @@ async def test_websocket_rule_refuses_handshakes() -> None:
     assert (b"retry-after", b"60") in sent[-2]["headers"]
 
 
+async def test_websocket_refusal_on_a_server_that_refuses_close_code_1013() -> None:
+    """daphne (autobahn) lets a server close only with 1000 or 3000-4999 and raises on
+    1013, having sent nothing: the refusal closes with 4429 (4000 + the HTTP status)
+    instead of raising out of the middleware (the client got 1011, the server logged
+    an application error)."""
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: Any) -> None:
+        code = message.get("code", 1000)
+        if message["type"] == "websocket.close" and not (code == 1000 or 3000 <= code <= 4999):
+            raise Exception(f"invalid close code {code} (must be 1000 or from [3000, 4999])")
+        sent.append(message)
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "websocket.connect"}
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "websocket.accept"})
+
+    limiter = RateLimiter("1/minute", clock=FakeClock())
+    middleware = RateLimitMiddleware(
+        app, limiter=limiter, rules=[Rule("/ws", scopes=("websocket",))]
+    )
+    scope = {"type": "websocket", "path": "/ws", "client": ("1.2.3.4", 1), "headers": []}
+    await middleware(dict(scope), receive, send)
+    sent.clear()
+    await middleware(dict(scope), receive, send)
+    assert sent == [{"type": "websocket.accept"}, {"type": "websocket.close", "code": 4429}]
+
+
 async def test_backend_failure_follows_on_backend_error() -> None:
     """A dead Redis: ``closed`` answers 503 (shadow: passes), ``open`` admits,
     ``local`` limits in process."""
