@@ -44,6 +44,10 @@ def _percentage(value: bytes | None) -> float:
     return min(max(number, 0.0), 100.0) / 100.0
 
 
+#: Statuses whose responses carry no body.
+_BODILESS = frozenset({204, 304})
+
+
 class FaultMiddleware(Observable):
     """Pure ASGI middleware that delays or aborts incoming HTTP requests on purpose.
 
@@ -207,12 +211,16 @@ class FaultMiddleware(Observable):
 
     @staticmethod
     async def _respond(send: Send, fault: Status) -> None:
-        body = fault.body or b"injected fault\n"
         headers = [
             (k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in fault.header_list()
         ]
-        headers.append((b"content-type", b"text/plain; charset=utf-8"))
-        headers.append((b"content-length", str(len(body)).encode()))
+        body = b""
+        # A 204 or 304 has no body and no Content-Length for one (RFC 9110): servers
+        # that pass one on break the connection (h2) or the next response on it.
+        if fault.code not in _BODILESS:
+            body = fault.body or b"injected fault\n"
+            headers.append((b"content-type", b"text/plain; charset=utf-8"))
+            headers.append((b"content-length", str(len(body)).encode()))
         await send({"type": "http.response.start", "status": fault.code, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 

@@ -412,7 +412,8 @@ class Status(Fault):
 
     def __post_init__(self) -> None:
         Fault.__post_init__(self)
-        check_int("code", self.code, minimum=100, maximum=599)
+        # 1xx are interim responses, never the answer to a request
+        check_int("code", self.code, minimum=200, maximum=599)
         check_number("retry_after", self.retry_after, allow_none=True)
         if not isinstance(self.headers, Mapping) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in self.headers.items()
@@ -422,6 +423,8 @@ class Status(Fault):
             )
         if not isinstance(self.body, bytes):
             raise ConfigurationError(f"body must be bytes, got {type(self.body).__name__}")
+        if self.body and self.code in (204, 304):
+            raise ConfigurationError(f"a {self.code} response has no body, got body={self.body!r}")
 
     def header_list(self) -> list[tuple[str, str]]:
         """The response headers, ``Retry-After`` (rounded up to whole seconds) included."""

@@ -11,6 +11,7 @@ import resilience as rs
 from resilience import chaos
 from resilience.chaos import FaultMiddleware
 from resilience.testing import FakeClock
+from tests.asgi._support import serve
 
 
 async def app(scope: Any, receive: Any, send: Any) -> None:
@@ -229,3 +230,26 @@ async def test_a_delay_header_of_nan_is_ignored_and_requests_are_counted() -> No
     stats = middleware.statistics()
     assert stats.calls == 4
     assert stats.injected == {"header": 1}
+
+
+@pytest.mark.parametrize("status", [204, 304])
+def test_a_bodiless_abort_leaves_the_connection_usable(status: int) -> None:
+    """An abort with 204 or 304 sends no body and no Content-Length (RFC 9110): the
+    next request on the same keep-alive connection gets its own answer (uvicorn put
+    the 15-byte "injected fault" on the wire, and the next response read it as its
+    status line; hypercorn's h2 reset the stream)."""
+    with serve(FaultMiddleware(app, enabled=True)) as url, httpx.Client(base_url=url) as c:
+        aborted = c.get("/", headers={"x-fault-abort-request": str(status)})
+        following = c.get("/")
+    assert (aborted.status_code, aborted.content) == (status, b"")
+    assert "content-length" not in aborted.headers
+    assert (following.status_code, following.text) == (200, "hello")
+
+
+def test_a_status_fault_without_a_final_answer_or_with_a_body_it_cannot_have_is_refused() -> None:
+    """1xx is no final answer; a 204 or 304 has no body: refused when built."""
+    with pytest.raises(rs.ConfigurationError, match="code"):
+        chaos.Status(101)
+    with pytest.raises(rs.ConfigurationError, match="no body"):
+        chaos.Status(204, body=b"gone")
+    assert chaos.Status(304).body == b""
