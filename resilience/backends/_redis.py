@@ -62,7 +62,7 @@ def require_redis() -> Any:
 
 def _safe_part(part: Part) -> str:
     """A key part as it appears in a Redis key: short safe text raw, anything else hashed."""
-    if isinstance(part, int | float) and not isinstance(part, bool):
+    if isinstance(part, int | float):  # bool included: True is "True", not bytes(True)
         return repr(part)
     if isinstance(part, str) and len(part) <= _MAX_RAW_PART and _SAFE.issuperset(part):
         return part

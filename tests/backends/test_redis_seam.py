@@ -77,6 +77,10 @@ def test_keys_share_one_hash_tag_and_hash_unsafe_parts(redis_server: RedisServer
         assert len(key) < 60
     assert backend.key("rl", "x" * 500) == long_key  # stable
     assert backend.key("rl", 7) == "app:{rl:7}"
+    # bytes(True) is b"\x00": bools were hashed as those bytes, sharing their buckets
+    assert backend.key("rl", True) == "app:{rl:True}"
+    assert backend.key("rl", False) != backend.key("rl", b"")
+    assert backend.key("rl", True) != backend.key("rl", b"\x00")
     with pytest.raises(rs.ConfigurationError):
         RedisBackend.from_url(redis_server.url, prefix="a{b}")
     with pytest.raises(rs.ConfigurationError):
