@@ -38,20 +38,33 @@ class FailoverBuckets:
         decision = buckets.take("alice", 1, 0)     # never raises in "local" or "open" mode
     """
 
-    __slots__ = ("_burst", "_failover", "_open", "primary", "twin")
+    __slots__ = ("_burst", "_failover", "_open", "_twin_burst", "primary", "twin")
 
     local = False
 
-    def __init__(self, primary: Any, twin: Any, failover: Failover, *, burst: int) -> None:
+    def __init__(
+        self,
+        primary: Any,
+        twin: Any,
+        failover: Failover,
+        *,
+        burst: int,
+        twin_burst: int | None = None,
+    ) -> None:
         self.primary = primary
         self.twin = twin
         self._failover = failover
         self._burst = burst
+        self._twin_burst = burst if twin_burst is None else twin_burst
         self._open = Decision(True, burst, 0.0, 0.0, burst, 0.0)
 
     def _degraded(self, key: Hashable, cost: int, max_wait_us: int) -> Decision:
         mode = self._failover.mode
         if mode == "local":
+            # A twin scaled down by ``local_rate`` holds less than the limiter's burst: a
+            # cost the limiter accepts but the twin cannot hold takes the twin's whole
+            # burst (admitted when its bucket is full) instead of never passing.
+            cost = min(cost, self._twin_burst)
             return self.twin.take(key, cost, max_wait_us)  # type: ignore[no-any-return]
         if mode == "open":
             return self._open

@@ -236,6 +236,7 @@ class RateLimiter(PolicyBase):
                 self._algorithm, self.rate, backend, name=self.name
             )
             twin: Any = WindowBuckets.in_memory(self._algorithm, twin_rate, name=self.name)
+            twin_burst = twin_rate.amount
         else:
             from ._redis import RedisBuckets
 
@@ -246,7 +247,9 @@ class RateLimiter(PolicyBase):
                 twin_burst = max(1, min(self.burst, math.floor(self.burst * ratio)))
             twin = MemoryBackend().gcra_buckets(GCRA(twin_rate, twin_burst), self._clock)
         self._failover = Failover(mode, owner=self, clock=self._clock)
-        return FailoverBuckets(primary, twin, self._failover, burst=self.burst)
+        return FailoverBuckets(
+            primary, twin, self._failover, burst=self.burst, twin_burst=twin_burst
+        )
 
     # ------------------------------------------------------------------ helpers
 

@@ -132,6 +132,30 @@ def test_local_twin_uses_the_safe_rate(redis_server: RedisServer) -> None:
     assert limiter.statistics().fallback_decisions == 51
 
 
+@pytest.mark.parametrize("algorithm", ["token-bucket", "fixed-window"])
+def test_a_cost_above_the_twin_burst_takes_the_whole_twin_burst(
+    redis_server: RedisServer, algorithm: str
+) -> None:
+    """A cost the limiter accepts (5 <= burst 10) but the twin at ``local_rate``
+    cannot hold (burst 2) takes the twin's whole burst while Redis is down: admitted
+    when the local bucket is full, then paced at the twin's rate. It used to be
+    refused for the whole outage, each time with a retry_after that never came true."""
+    clock = FakeClock()
+    backend = RedisBackend.from_url(redis_server.url, timeout=TIMEOUT)
+    limiter = rs.RateLimiter(
+        "10/s", backend=backend, local_rate="2/s", clock=clock, name="twin", algorithm=algorithm
+    )
+    redis_server.kill()
+    first = limiter.try_acquire(cost=5)
+    assert first.allowed
+    refused = limiter.try_acquire(cost=5)
+    assert not refused.allowed
+    assert refused.retry_after is not None
+    if algorithm == "token-bucket":  # the window twin keeps limits' wall clock
+        clock.advance(refused.retry_after)
+        assert limiter.try_acquire(cost=5).allowed  # the wait it was told to make suffices
+
+
 @pytest.mark.anyio
 async def test_paused_redis_never_hangs_async_callers(redis_server: RedisServer) -> None:
     """asyncio and trio callers of a paused Redis fall back after about the timeout."""
