@@ -94,12 +94,15 @@ def mentions_signals(headers: httpx.Headers) -> bool:
     return False
 
 
-def discard(future: concurrent.futures.Future[httpx.Response]) -> None:
+def discard(future: concurrent.futures.Future[httpx.Response | None]) -> None:
     """Close the response of a hedged attempt that lost (or whose caller went away)."""
     if future.cancelled() or future.exception() is not None:
         return
+    response = future.result()
+    if response is None:  # a hedge that was not sent
+        return
     try:
-        future.result().close()
+        response.close()
     except Exception:  # pragma: no cover - closing a dead connection
         pass
 

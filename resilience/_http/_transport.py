@@ -810,8 +810,12 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observab
     ) -> Outcome:
         """A round with a hedge: two attempts in worker threads, the first good one wins.
 
-        A sync send cannot be cancelled: the loser runs to completion in its thread and
-        its response is closed there.
+        The hedge's delay counts from when the first attempt starts in its worker (not
+        from when it was queued behind other rounds), and the hedge is admitted only as
+        it starts in its own worker: a hedge waiting for a thread holds no slot, no
+        token and no retry, and one still waiting when the round is decided is never
+        sent. A sync send cannot be cancelled: a loser that started runs to completion
+        in its thread and its response is closed there.
         """
         pool = self._pool
         if pool is None:
@@ -821,39 +825,50 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observab
                         self._hedge_threads, thread_name_prefix="resilience-hedge"
                     )
                 pool = self._pool
-        first = pool.submit(contextvars.copy_context().run, self._send, request, host, inner)
-        futures = {first: False}
+        started = threading.Event()
+        decided = threading.Event()
+
+        def first_attempt() -> httpx.Response | None:
+            started.set()
+            return self._send(request, host, inner)
+
+        def hedge() -> httpx.Response | None:
+            # A thread freed by the first attempt's end may pick the hedge up before the
+            # caller has seen that end: the answer in hand decides, no copy goes out.
+            if decided.is_set() or first.done():
+                return None
+            admitted = self._admit_hedge(request, host)
+            if admitted is None or not self._commit_hedge(host, admitted):
+                return None
+            prepared, slot, ticket = admitted
+            self._hedge_started(host, delay)
+            return self._exchange(prepared, host, inner, slot, ticket)
+
+        futures: dict[concurrent.futures.Future[httpx.Response | None], bool] = {}
         outcomes: list[tuple[bool, httpx.Response | Exception]] = []
-        winner: concurrent.futures.Future[httpx.Response] | None = None
+        order: list[concurrent.futures.Future[httpx.Response | None]] = []
+        winner: concurrent.futures.Future[httpx.Response | None] | None = None
         try:
+            first = pool.submit(contextvars.copy_context().run, first_attempt)
+            futures[first] = False
+            while not started.wait(0.05) and not first.done():
+                pass  # the pool is busy with other rounds: the delay starts with the send
             done, pending = concurrent.futures.wait([first], timeout=delay)
             if not done:
-                admitted = self._admit_hedge(request, host)
-                if admitted is not None and self._commit_hedge(host, admitted):
-                    prepared, slot, ticket = admitted
-                    second = pool.submit(
-                        contextvars.copy_context().run,
-                        self._exchange,
-                        prepared,
-                        host,
-                        inner,
-                        slot,
-                        ticket,
-                    )
-                    futures[second] = True
-                    self._hedge_started(host, delay)
-            order: list[concurrent.futures.Future[httpx.Response]] = []
+                futures[pool.submit(contextvars.copy_context().run, hedge)] = True
             pending = set(futures)
             while pending:
                 done, pending = concurrent.futures.wait(
                     pending, return_when=concurrent.futures.FIRST_COMPLETED
                 )
                 for future in done:
-                    order.append(future)
                     error = future.exception()
                     outcome = future.result() if error is None else error
+                    if outcome is None:
+                        continue  # a hedge that was not sent
                     if not isinstance(outcome, httpx.Response | Exception):
                         raise outcome  # KeyboardInterrupt and friends in a worker
+                    order.append(future)
                     outcomes.append((futures[future], outcome))
                 if any(self._good(out) for _, out in outcomes):
                     break
@@ -861,8 +876,10 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observab
             winner = order[index]
             return result
         finally:
+            decided.set()
             for future in futures:
                 if future is not winner:
+                    future.cancel()  # still queued: never sent, nothing held
                     future.add_done_callback(discard)
 
     def close(self) -> None:

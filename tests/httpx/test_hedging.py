@@ -229,3 +229,64 @@ def test_sync_hedge_wins_and_the_loser_is_closed_when_it_answers() -> None:
         assert bodies[0].closed.wait(5)
     assert bodies[1].closed.is_set()
     assert transport.statistics().hedge_wins == 1
+
+
+def test_sync_hedge_delay_starts_when_the_first_attempt_starts() -> None:
+    """With every hedging thread busy with another host's slow round, a request's
+    first attempt waits for a thread; its hedge delay runs from when it is sent, not
+    from when it was queued. (The hedge used to be admitted while the first attempt
+    was still queued, took the host's only bulkhead slot, and the first attempt then
+    waited ``max_wait`` for the slot its own hedge held.)"""
+    release = threading.Event()
+    sent: list[str] = []
+
+    def upstream(request: httpx.Request) -> httpx.Response:
+        sent.append(request.url.host)
+        if request.url.host == "slow.test":
+            release.wait(5)
+        return httpx.Response(200, text=request.url.host)
+
+    transport = ResilientTransport(
+        httpx.MockTransport(upstream), hedge=0.05, bulkhead=1, max_wait=2.0, hedge_threads=1
+    )
+    with httpx.Client(transport=transport) as client:
+        slow = threading.Thread(target=client.get, args=("http://slow.test/",))
+        slow.start()
+        while "slow.test" not in sent:  # the only hedging thread is taken
+            release.wait(0.001)
+        quick = threading.Thread(target=lambda: sent.append(client.get(URL).text + " answered"))
+        quick.start()
+        quick.join(0.25)  # well past the 50 ms hedge delay, still queued
+        release.set()
+        quick.join(5)
+        slow.join(5)
+    assert sent.count("a.test answered") == 1
+    assert sent.count("a.test") == 1  # sent once: no hedge for an answer that came at once
+    stats = transport.statistics()
+    assert (stats.hedges, stats.hedge_wins, stats.rejected) == (0, 0, 0)
+
+
+def test_a_sync_hedge_still_queued_when_the_round_is_decided_is_never_sent() -> None:
+    """A hedge waiting for a hedging thread when its round is answered is cancelled:
+    it is not sent after the caller has its answer, and it held nothing meanwhile."""
+    release = threading.Event()
+    sent: list[str] = []
+
+    def upstream(request: httpx.Request) -> httpx.Response:
+        sent.append(request.url.host)
+        if request.url.host == "slow.test":
+            release.wait(5)
+        return httpx.Response(200, text=request.url.host)
+
+    transport = ResilientTransport(httpx.MockTransport(upstream), hedge=0.05, hedge_threads=1)
+    with httpx.Client(transport=transport) as client:
+        slow = threading.Thread(target=client.get, args=("http://slow.test/",))
+        slow.start()
+        while "slow.test" not in sent:
+            release.wait(0.001)
+        slow.join(0.25)  # its hedge is queued behind it, on the only thread
+        release.set()
+        slow.join(5)
+        assert client.get(URL).text == "a.test"  # the thread is free again
+    assert sent == ["slow.test", "a.test"]
+    assert transport.statistics().hedges == 0
