@@ -10,10 +10,12 @@ from typing import Any
 import anyio
 import httpx
 
+from .._deadline import Deadline
 from ..bulkhead import LeaseLost
 from ._signals import SIGNAL_FIELDS
 
 __all__ = [
+    "DeadlineStream",
     "HeldStream",
     "aclose_quietly",
     "discard",
@@ -58,6 +60,50 @@ class HeldStream(httpx.SyncByteStream, httpx.AsyncByteStream):
             await self._stream.aclose()
         finally:
             await release_slot_async(self._slot)
+
+
+class DeadlineStream(httpx.SyncByteStream, httpx.AsyncByteStream):
+    """A response body read under a deadline: once the deadline has passed, the next
+    chunk raises ``httpx.ReadTimeout`` instead of arriving.
+
+    The attempt's socket timeouts were cut to the time left when it was sent, but they
+    bound each read, not the body: a server trickling a byte at a time would keep the
+    reader past its deadline without end. This bounds the overrun to one read.
+
+    Example: ``response.stream = DeadlineStream(response.stream, deadline, request)``
+    """
+
+    def __init__(self, stream: Any, deadline: Deadline, request: httpx.Request) -> None:
+        self._stream = stream
+        self._deadline = deadline
+        self._request = request
+
+    def _overrun(self) -> httpx.ReadTimeout:
+        return httpx.ReadTimeout(
+            "the deadline passed while the response body was read", request=self._request
+        )
+
+    def __iter__(self) -> Iterator[bytes]:
+        deadline = self._deadline
+        for chunk in self._stream:
+            if deadline.remaining() <= 0:
+                raise self._overrun()
+            yield chunk
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        deadline = self._deadline
+        async for chunk in self._stream:
+            if deadline.remaining() <= 0:
+                raise self._overrun()
+            yield chunk
+
+    def close(self) -> None:
+        """Close the body."""
+        self._stream.close()
+
+    async def aclose(self) -> None:
+        """Close the body."""
+        await self._stream.aclose()
 
 
 def release_slot(slot: Any) -> None:

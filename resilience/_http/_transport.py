@@ -63,6 +63,7 @@ from ._events import HedgeStarted, HostPaused
 from ._hosts import Host, HostTable, check_host_patterns, host_key, split_port
 from ._latency import Latencies
 from ._responses import (
+    DeadlineStream,
     HeldStream,
     aclose_quietly,
     discard,
@@ -414,7 +415,13 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observab
                 ticket.ignore()
 
     def _received(
-        self, host: Host, slot: Any, ticket: Any, response: httpx.Response, start: float
+        self,
+        request: httpx.Request,
+        host: Host,
+        slot: Any,
+        ticket: Any,
+        response: httpx.Response,
+        start: float,
     ) -> httpx.Response:
         """An attempt answered: record its outcome and what the server said."""
         status = response.status_code
@@ -447,6 +454,10 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observab
                                 policy=self.name, key=str(host.key), seconds=pause, reason=reason
                             )
                         )
+        if not response.is_closed:
+            deadline = _deadline.current_deadline()
+            if deadline is not None:
+                response.stream = DeadlineStream(response.stream, deadline, request)
         if slot is not None:
             if response.is_closed:  # already read (a canned response): nothing to stream
                 release_slot(slot)
@@ -777,7 +788,7 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observab
                 release_slot(slot)
             self._failed(ticket, exc)
             raise
-        return self._received(host, slot, ticket, response, start)
+        return self._received(request, host, slot, ticket, response, start)
 
     def _admit_hedge(self, request: httpx.Request, host: Host) -> _Hedge | None:
         """Admission of a hedge: everything or nothing, never waiting. A full bulkhead
@@ -1039,7 +1050,7 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observab
                 await release_slot_async(slot)
             self._failed(ticket, exc)
             raise
-        return self._received(host, slot, ticket, response, start)
+        return self._received(request, host, slot, ticket, response, start)
 
     async def _admit_hedge_async(self, request: httpx.Request, host: Host) -> _Hedge | None:
         """Admission of a hedge: everything or nothing, never waiting (see _admit_hedge)."""

@@ -563,6 +563,50 @@ def test_a_passed_deadline_raises_without_sending(send: Send, fake_clock: FakeCl
     assert upstream.calls == []
 
 
+class Trickle(httpx.SyncByteStream, httpx.AsyncByteStream):
+    """A body that arrives a byte every 0.3 s (of fake time), as a stalling server's."""
+
+    def __init__(self, clock: FakeClock, chunks: int) -> None:
+        self.clock = clock
+        self.chunks = chunks
+        self.closed = False
+
+    def __iter__(self) -> Any:
+        for _ in range(self.chunks):
+            self.clock.advance(0.3)
+            yield b"y"
+
+    async def __aiter__(self) -> Any:
+        for chunk in self:
+            yield chunk
+
+    def close(self) -> None:
+        self.closed = True
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+def test_a_body_trickling_past_the_deadline_is_cut(send: Send, fake_clock: FakeClock) -> None:
+    """The attempt's read timeout bounds each read, not the body: a server sending a
+    byte every 0.3 s kept the reader 3 s into a 1 s deadline. The first chunk that
+    arrives after the deadline raises ReadTimeout instead (the body is closed); a
+    body read within the deadline is whole."""
+    bodies: list[Trickle] = []
+
+    def upstream(request: httpx.Request) -> httpx.Response:
+        bodies.append(Trickle(fake_clock, chunks=10))
+        return httpx.Response(200, stream=bodies[-1])
+
+    t = ResilientTransport(httpx.MockTransport(upstream), clock=fake_clock)
+    with rs.deadline(1.0, clock=fake_clock), pytest.raises(httpx.ReadTimeout):
+        send(t, "GET", A)
+    assert fake_clock.monotonic() == pytest.approx(1.2)  # cut at the 4th byte, not the 10th
+    assert bodies[-1].closed
+    with rs.deadline(5.0, clock=fake_clock):
+        assert send(t, "GET", A).content == b"y" * 10
+
+
 def test_5xx_opens_the_hosts_breaker_others_unaffected(send: Send, fake_clock: FakeClock) -> None:
     """A host answering 503s trips its own circuit; another host keeps being called."""
     breaker = CircuitBreaker(
