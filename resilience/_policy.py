@@ -17,10 +17,19 @@ from __future__ import annotations
 import functools
 import inspect
 import warnings
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator
 from dataclasses import dataclass
 from types import FunctionType, MethodType
-from typing import TYPE_CHECKING, Any, ParamSpec, Protocol, TypeVar, cast, runtime_checkable
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    ParamSpec,
+    Protocol,
+    TypeVar,
+    cast,
+    overload,
+    runtime_checkable,
+)
 
 from . import _deferred
 from ._clock import Clock
@@ -33,6 +42,7 @@ __all__ = ["Pipeline", "PipelineStatistics", "Policy", "PolicyBase", "decorate"]
 
 P = ParamSpec("P")
 T = TypeVar("T")
+R = TypeVar("R")
 
 _CO_COROUTINE = inspect.CO_COROUTINE
 _CO_REFUSED = _CO_COROUTINE | inspect.CO_GENERATOR | inspect.CO_ASYNC_GENERATOR
@@ -154,7 +164,15 @@ def refuse_async(policy: object, fn: object) -> None:
     )
 
 
-def decorate(policy: Policy | Fallback[Any], fn: Callable[P, T]) -> Callable[P, T]:
+@overload
+def decorate(
+    policy: Fallback[R], fn: Callable[P, Coroutine[Any, Any, T]]
+) -> Callable[P, Coroutine[Any, Any, T | R]]: ...
+@overload
+def decorate(policy: Fallback[R], fn: Callable[P, T]) -> Callable[P, T | R]: ...
+@overload
+def decorate(policy: Policy, fn: Callable[P, T]) -> Callable[P, T]: ...
+def decorate(policy: Policy | Fallback[Any], fn: Callable[P, Any]) -> Callable[P, Any]:
     """Wrap ``fn`` so that every call runs under ``policy``.
 
     ``async def`` functions (and other async callables, see :func:`is_async_callable`) get
@@ -163,6 +181,8 @@ def decorate(policy: Policy | Fallback[Any], fn: Callable[P, T]) -> Callable[P, 
     ``classmethod`` and ``staticmethod`` objects are unwrapped, decorated and re-wrapped,
     so the decorator may sit above or below them. Generator functions (sync or async)
     are refused with ``TypeError``: calling one only creates the generator.
+
+    A :class:`Fallback` widens the return type to ``T | R``, as when it decorates.
 
     Example::
 
@@ -191,7 +211,7 @@ def decorate(policy: Policy | Fallback[Any], fn: Callable[P, T]) -> Callable[P, 
 
         @functools.wraps(fn)
         async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-            return await call_async(fn, *args, **kwargs)  # type: ignore[arg-type]
+            return await call_async(fn, *args, **kwargs)
 
         return cast(Callable[P, T], async_wrapper)
 

@@ -64,7 +64,9 @@ class Rejected(ResilienceError):
             print("come back in", exc.retry_after)
     """
 
-    def __init__(self, message: str | float = "", *, retry_after: float | None = None) -> None:
+    def __init__(
+        self, message: str | float | None = "", *, retry_after: float | None = None
+    ) -> None:
         if isinstance(message, int | float) and not isinstance(message, bool):
             # rs.RateLimited(2.0): a lone number is the retry_after, not a message.
             if retry_after is not None:

@@ -82,6 +82,12 @@ async def fallbacks_widen_the_return_type() -> None:
     assert_type(await count("t"), int | str)
     assert_type(rs.Fallback(-1).call(len, "abc"), int)
     assert_type(rs.Fallback(b"").call(str, 1), str | bytes)
+    # rs.decorate(Fallback, fn) widens as the decorator does (it used to keep T).
+    assert_type(rs.decorate(rs.Fallback(0), str)(1), str | int)
+    assert_type(await rs.decorate(rs.Fallback("n/a"), count)("t"), int | str)
+    assert_type(rs.decorate(rs.Retry(on=OSError), str)(1), str)
+    # DESIGN.md: Rejected(retry_after: float | None), positionally too.
+    assert_type(rs.RateLimited(None).retry_after, float | None)
 
 
 def misuse() -> None:
