@@ -70,11 +70,13 @@ class FaultMiddleware(Observable):
       ``x-fault-delay-request-percentage: 10``       ... for this % of requests
       ============================================  ==================================
 
-    **Refuses to start unless explicitly enabled**: the constructor raises
-    :class:`~resilience.ConfigurationError` unless ``enabled=True`` or the process
-    runs with ``RESILIENCE_CHAOS=1``, so a fault middleware left in a production
-    configuration stops the deploy instead of breaking traffic. Header delays are
-    capped at ``max_header_delay`` seconds.
+    **Refuses to start unless explicitly enabled**: without ``enabled=True`` or
+    ``RESILIENCE_CHAOS=1`` in the process, the constructor raises
+    :class:`~resilience.ConfigurationError`, so a fault middleware left in a production
+    configuration stops the deploy instead of breaking traffic. ``enabled=False`` is
+    explicit too: the middleware passes every request through untouched (a settings
+    flag that is off in production). Header delays are capped at ``max_header_delay``
+    seconds.
 
     Example::
 
@@ -103,7 +105,9 @@ class FaultMiddleware(Observable):
         name: str | None = None,
     ) -> None:
         Observable.__init__(self, name)
-        if enabled is not True and not (enabled is None and env_enabled()):
+        #: Built with ``enabled=False``: every request passes through untouched.
+        self._off = enabled is False
+        if enabled is None and not env_enabled():
             raise ConfigurationError(
                 "FaultMiddleware injects faults into real requests and refuses to start "
                 f"unless enabled: pass enabled=True or run with {ENV_VAR}=1"
@@ -181,7 +185,7 @@ class FaultMiddleware(Observable):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Serve one ASGI connection, injecting faults into HTTP requests."""
-        if scope["type"] != "http":
+        if scope["type"] != "http" or self._off:
             await self.app(scope, receive, send)
             return
         self._requests += 1

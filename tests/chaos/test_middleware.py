@@ -34,10 +34,22 @@ def test_refuses_to_start_unless_enabled(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.delenv("RESILIENCE_CHAOS", raising=False)
     with pytest.raises(rs.ConfigurationError, match="refuses to start"):
         FaultMiddleware(app)
-    with pytest.raises(rs.ConfigurationError, match="refuses to start"):
-        FaultMiddleware(app, enabled=False)
     with chaos.enabled(), pytest.raises(rs.ConfigurationError):
         FaultMiddleware(app)  # the in-process switch is not an opt-in for real traffic
+
+
+@pytest.mark.anyio
+async def test_enabled_false_passes_every_request_through(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``enabled=settings.CHAOS_ENABLED`` (the docstring's example) with the flag off in
+    production: the middleware starts and injects nothing, fault headers included,
+    even with RESILIENCE_CHAOS=1 (it used to refuse to start)."""
+    monkeypatch.setenv("RESILIENCE_CHAOS", "1")
+    middleware = FaultMiddleware(app, faults=[chaos.Status(503)], enabled=False)
+    async with client(middleware) as c:
+        plain = await c.get("/")
+        asked = await c.get("/", headers={"x-fault-abort-request": "503"})
+    assert [(r.status_code, r.text) for r in (plain, asked)] == [(200, "hello")] * 2
+    assert middleware.statistics().injected == {}
 
 
 def test_every_middleware_refuses_an_app_that_is_not_callable() -> None:
