@@ -536,8 +536,10 @@ class FaultProxy:
             while True:
                 data = await reader.read(_CHUNK)
                 if not data:
-                    if not self._flowing.is_set():
+                    if not delayed and not self._flowing.is_set():
                         connection.finish()  # the client left a blackholed connection
+                    # The target's end of stream is queued behind its last reply: a
+                    # blackhole hides both until it is lifted.
                     await queue.put(None)
                     return
                 release = loop.time() + (self._latency if delayed else 0.0)
@@ -545,6 +547,8 @@ class FaultProxy:
         except asyncio.CancelledError:
             raise
         except Exception:
+            if delayed:
+                await self._flowing.wait()  # a blackhole hides the target's reset too
             connection.finish(reset=True)
 
     async def _write(

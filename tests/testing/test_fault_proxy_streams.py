@@ -189,3 +189,40 @@ def test_stop_ends_a_half_closed_connection() -> None:
     assert not any(
         t.name == "resilience-FaultProxy" and t.is_alive() for t in threading.enumerate()
     )
+
+
+def test_a_blackhole_hides_the_targets_close_until_it_is_lifted(
+    fault_proxy: FaultProxyFactory,
+) -> None:
+    """The target answers and closes while the network is blackholed: the client hears
+    nothing (a dead network, not a closed connection), and once the blackhole is
+    lifted it gets the reply, then the end of stream. (The target's close used to end
+    the client's connection at once and drop the reply.)"""
+    closed = threading.Event()
+
+    def reply_then_close(conn: socket.socket) -> None:
+        conn.recv(100)
+        blackholed.wait(TIMEOUT)
+        conn.sendall(b"REPLY")
+        conn.shutdown(socket.SHUT_WR)
+        closed.set()
+
+    blackholed = threading.Event()
+    with serve(reply_then_close) as port:
+        proxy = fault_proxy(port)
+        with socket.create_connection(proxy.address, timeout=TIMEOUT) as client:
+            client.sendall(b"REQUEST")
+            # the request has reached the target once it has been counted
+            deadline = time.monotonic() + TIMEOUT
+            while proxy.statistics().bytes_up < len(b"REQUEST") and time.monotonic() < deadline:
+                time.sleep(0.005)
+            proxy.blackhole = True
+            blackholed.set()
+            assert closed.wait(TIMEOUT)
+            client.settimeout(0.3)
+            with pytest.raises(TimeoutError):
+                client.recv(100)  # silence, not an end of stream
+            proxy.blackhole = False
+            client.settimeout(TIMEOUT)
+            assert read_to_eof(client) == b"REPLY"
+    wait_idle(proxy)
