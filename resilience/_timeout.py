@@ -268,12 +268,15 @@ class Timeout(PolicyBase, ResilienceError, TimeoutError):
         if seconds <= 0:
             raise self._error(self.seconds, spent=True)
         clock = self._clock
+        # The limit on this policy's own clock: the deadline entered may be an outer,
+        # sooner one on another clock (a FakeClock Retry around a system-clock Timeout).
+        ends = clock.monotonic() + seconds
         entered, token = _deadline.push(seconds, clock)
         try:
             result = fn(*args, **kwargs)
         finally:
             _deadline.pop(token)
-        if clock.monotonic() >= entered.at:  # at the limit: cut, as async is
+        if clock.monotonic() >= ends or entered.remaining() <= 0:  # at the limit: cut
             raise self._error(seconds)
         return result
 
@@ -281,8 +284,9 @@ class Timeout(PolicyBase, ResilienceError, TimeoutError):
         seconds = self._budget()
         if seconds <= 0:
             raise self._error(self.seconds, spent=True)
+        ends = self._clock.monotonic() + seconds  # on this clock, as in call()
         entered, token = _deadline.push(seconds, self._clock)
-        state = [entered, token, seconds]
+        state = [entered, token, seconds, ends]
         state.append(_ENTERED.set(state))
         return self
 
@@ -294,10 +298,10 @@ class Timeout(PolicyBase, ResilienceError, TimeoutError):
     ) -> None:
         state = _ENTERED.get()
         assert state is not None, "Timeout.__exit__ without __enter__"
-        entered, token, seconds, own = state
+        entered, token, seconds, ends, own = state
         _ENTERED.reset(own)
         _deadline.pop(token)
-        if exc_type is None and self._clock.monotonic() >= entered.at:
+        if exc_type is None and (self._clock.monotonic() >= ends or entered.remaining() <= 0):
             raise self._error(seconds)
 
     # -- async ------------------------------------------------------------------------
@@ -415,11 +419,11 @@ class Timeout(PolicyBase, ResilienceError, TimeoutError):
         seconds = self._budget()
         if seconds <= 0:
             raise self._error(self.seconds, spent=True)
-        entered, token = _deadline.push(seconds, self._clock)
+        _, token = _deadline.push(seconds, self._clock)
         if self._fake_timers:
             scope = anyio.CancelScope()
             handle = self._clock.call_at(  # type: ignore[attr-defined]
-                entered.at, from_any_thread(scope.cancel)
+                self._clock.monotonic() + seconds, from_any_thread(scope.cancel)
             )
         else:
             scope = anyio.CancelScope(deadline=anyio.current_time() + seconds)

@@ -533,3 +533,38 @@ async def test_a_call_that_returns_from_its_shield_past_the_limit_is_late(
     with pytest.raises(rs.Timeout):
         await close_and_return()
     assert asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]
+
+
+def test_a_timeout_inside_a_deadline_on_another_clock_measures_on_its_own() -> None:
+    """An outer, sooner deadline on another clock (a FakeClock ``Retry`` around a
+    system-clock ``Timeout``, or the reverse) clamps the limit but is not compared with
+    this policy's clock: an instant call used to time out, and a call that overran
+    its limit by 95 s of its clock had its late value returned."""
+    fake = FakeClock()
+    retry = rs.Retry(on=ConnectionError, deadline=30, clock=fake)
+    assert retry.call(rs.Timeout(60).call, lambda: "instant") == "instant"
+    with rs.deadline(30, clock=fake), rs.Timeout(60):
+        pass
+
+    def overrun() -> str:
+        fake.advance(100)
+        return "late value"
+
+    with rs.deadline(5), pytest.raises(rs.Timeout):
+        rs.Timeout(10, clock=fake).call(overrun)
+    with rs.deadline(5), pytest.raises(rs.Timeout), rs.Timeout(10, clock=fake):
+        fake.advance(100)
+
+
+@pytest.mark.anyio
+async def test_async_with_inside_a_deadline_on_another_clock_is_cut_at_the_limit() -> None:
+    """``async with`` on a FakeClock inside a 5 s system-clock deadline is cut at 5 s of
+    its clock, as ``call_async`` is (its timer was set at the outer deadline's absolute
+    time, read on the wrong clock, and never fired)."""
+    fake = FakeClock()
+    with rs.deadline(5):
+        start = fake.monotonic()
+        with pytest.raises(rs.Timeout):
+            async with rs.Timeout(10, clock=fake):
+                await fake.sleep_async(8)
+        assert fake.monotonic() - start == pytest.approx(5.0, abs=0.05)  # 5 s less real time spent
