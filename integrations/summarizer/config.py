@@ -47,6 +47,9 @@ class ServiceConfig:
     #: URLs whose media a degraded or failed job left for a later job to resume, per
     #: worker; beyond it the least recently ended go (a long outage must not fill the disk).
     max_leftover_media: int = 1000
+    #: Bytes one stage may download (its whole file); past it the stage fails (the job
+    #: is degraded): a platform must not fill the memory or the disk.
+    max_download_bytes: int = 64 * 1024 * 1024
 
     # downloads (resilient): per-domain bulkhead, token bucket, breaker, budgeted retries,
     # applied by resilience.httpx.ResilientTransport ("transport") or composed around

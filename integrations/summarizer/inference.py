@@ -114,7 +114,9 @@ class Summarizer:
         if not self.cfg.resilient:
             await self._naive(job, text)
             return
-        parts = segment(text, self.cfg.segments) or [text]
+        # Off the event loop: a large text takes a while to split (22 MB: 0.6 s), and
+        # every other request of the service would wait for it.
+        parts = await asyncio.to_thread(segment, text, self.cfg.segments) or [text]
         job.emit("inference", {"segments": len(parts)})
         outputs = [_Segment() for _ in parts]
         tasks = [
@@ -213,6 +215,8 @@ class Summarizer:
                             done = True
                             continue
                         delta = json.loads(data)["delta"]
+                        if not isinstance(delta, str):  # would fail the join, not the tier
+                            raise ModelError(f"{tier} sent a delta of {type(delta).__name__}")
                         if not out.deltas:
                             cm.reschedule(
                                 asyncio.get_running_loop().time() + self.cfg.model_timeout

@@ -55,7 +55,15 @@ from .config import ServiceConfig
 from .content import subtitle_text
 from .inference import Summarizer
 from .jobs import STAGES, Job, JobTable
-from .policies import Downloads, EventLog, NotFound, UpstreamStatus, retryable
+from .policies import (
+    Downloads,
+    EventLog,
+    NotFound,
+    Refused,
+    TooLarge,
+    UpstreamStatus,
+    retryable,
+)
 
 __all__ = ["BadRequest", "Pipeline", "canonical_url", "parse_url"]
 
@@ -304,10 +312,13 @@ class Pipeline:
                     raise
                 missing.append(stage)
         job.status = "summarizing"
-        if "subtitles" in missing:
+        text = None
+        if "subtitles" not in missing:
+            text = await self._subtitles(media / "subtitles")
+            if text is None:
+                missing.append("subtitles")
+        if text is None:
             text = str(meta.get("description", ""))
-        else:
-            text = subtitle_text(await asyncio.to_thread((media / "subtitles").read_text))
         await self.summarizer.run(job, text)
         if missing:
             job.degraded = True
@@ -318,6 +329,22 @@ class Pipeline:
                 job.url,
                 {"id": job.id, "version": job.version, "summary": job.summary, "title": job.title},
             )
+
+    async def _subtitles(self, path: Path) -> str | None:
+        """The text of the subtitles at ``path``, parsed off the event loop; ``None`` if
+        they cannot be read as UTF-8 (the platform sent something else).
+
+        Such a file is removed, or every later job of this URL would reuse it as a
+        finished stage and never fetch it again. A naive pipeline fails the job.
+        """
+        try:
+            raw = await asyncio.to_thread(path.read_bytes)
+            return await asyncio.to_thread(subtitle_text, raw.decode("utf-8"))
+        except UnicodeDecodeError:
+            await asyncio.to_thread(path.unlink, missing_ok=True)
+            if not self.cfg.resilient:
+                raise
+            return None
 
     def _finish_cached(self, job: Job, cached: dict[str, Any]) -> None:
         job.cached = True
@@ -413,6 +440,8 @@ class Pipeline:
                             return
                         # A .part the platform cannot resume: the next try starts over.
                         await _to_the_end(functools.partial(part.unlink, missing_ok=True))
+                    elif status not in (408, 429) and status < 500:
+                        raise Refused(status)  # the same answer however often it is asked
                     raise UpstreamStatus(status, _retry_after(response))
                 if status == 206:
                     info["resumed_from"] = offset
@@ -425,6 +454,10 @@ class Pipeline:
                         received.append(chunk)
                         written += len(chunk)
                         info["bytes"] = written
+                        if written > self.cfg.max_download_bytes:
+                            received.clear()  # nothing of it is kept to resume from
+                            await _to_the_end(functools.partial(part.unlink, missing_ok=True))
+                            raise TooLarge(f"{stage} is over {self.cfg.max_download_bytes} bytes")
                     complete = True
                 finally:
                     # What arrived is kept even when the transfer breaks: the next

@@ -49,7 +49,9 @@ __all__ = [
     "EventLog",
     "NaiveDownloads",
     "NotFound",
+    "Refused",
     "ResilientDownloads",
+    "TooLarge",
     "TransportDownloads",
     "UpstreamStatus",
     "build_backend",
@@ -69,6 +71,20 @@ class UpstreamStatus(Exception):
 
 class NotFound(Exception):
     """The upstream says the resource does not exist (404): never retried."""
+
+
+class Refused(Exception):
+    """The upstream refused the request for good (a redirect, 401, 403, 410, ...; any
+    status but 2xx, 404, 408, 416, 429 and 5xx): asking again gets the same answer, so
+    it is never retried."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(f"upstream refused with {status}")
+        self.status = status
+
+
+class TooLarge(Exception):
+    """A download went past ``max_download_bytes``: never retried."""
 
 
 def retryable(exc: BaseException) -> bool:
