@@ -105,6 +105,10 @@ class FaultMiddleware(Observable):
         name: str | None = None,
     ) -> None:
         Observable.__init__(self, name)
+        if enabled is not None and enabled is not True and enabled is not False:
+            # "false", 0 or "" from a settings file would be truthy or falsy by accident:
+            # a switch that breaks real traffic takes a bool only.
+            raise ConfigurationError(f"enabled must be None, True or False, got {enabled!r}")
         #: Built with ``enabled=False``: every request passes through untouched.
         self._off = enabled is False
         if enabled is None and not env_enabled():

@@ -36,6 +36,9 @@ def test_refuses_to_start_unless_enabled(monkeypatch: pytest.MonkeyPatch) -> Non
         FaultMiddleware(app)
     with chaos.enabled(), pytest.raises(rs.ConfigurationError):
         FaultMiddleware(app)  # the in-process switch is not an opt-in for real traffic
+    for setting in ("false", "0", 0, "", 1, "true"):  # a settings file's text is no switch
+        with pytest.raises(rs.ConfigurationError, match="None, True or False"):
+            FaultMiddleware(app, enabled=setting)  # type: ignore[arg-type]
 
 
 @pytest.mark.anyio
