@@ -23,6 +23,7 @@ after the lock is released, for events and for shared state.
 from __future__ import annotations
 
 import itertools
+import os
 import random
 import threading
 from collections.abc import Callable, Hashable
@@ -214,10 +215,10 @@ class BreakerCore:
         self._trips = 0
         self._rejected = AtomicCounter()
         #: Changes made under the lock, in order, not yet reported to the owner; one
-        #: thread at a time reports them (``_reporting``), so listeners and the fleet
-        #: hear them in the order they happened.
+        #: thread at a time reports them (``_reporting``: the pid of its process, 0 for
+        #: none), so listeners and the fleet hear them in the order they happened.
         self._outbox: list[_Change] = []
-        self._reporting = False
+        self._reporting = 0
         #: Times the breaker opened since creation.
         self.opened = 0
         #: Until when a state set by hand must outlive the keyed map's eviction
@@ -296,11 +297,13 @@ class BreakerCore:
         happened in: an operator's ``close()`` right after a trip reaches listeners and
         the fleet last. A change queued while another thread reports is reported by
         that thread."""
+        pid = os.getpid()
         while True:
             with self._lock:
-                if self._reporting or not self._outbox:
+                # A reporter of another pid is a thread a fork left behind: none here.
+                if self._reporting == pid or not self._outbox:
                     return
-                self._reporting = True
+                self._reporting = pid
                 changes, self._outbox = self._outbox, []
             try:
                 owner = self.owner
@@ -309,7 +312,7 @@ class BreakerCore:
                     owner._transitioned(self, change, now)
             finally:
                 with self._lock:
-                    self._reporting = False
+                    self._reporting = 0
 
     def _reject(self, retry_after: float | None) -> CircuitOpen:
         if self.owner is not None:

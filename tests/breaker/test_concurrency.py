@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
 import sys
 import threading
 import time
@@ -192,3 +193,44 @@ def test_events_form_a_chain_under_threads() -> None:
     assert len(heard) > 10
     assert all(prev[1] == this[0] for prev, this in itertools.pairwise(heard))
     assert heard[-1][1] == state
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_child_forked_while_a_listener_runs_still_reports_its_changes() -> None:
+    """A prefork server forks while another thread is inside a breaker's listener: in
+    the child that thread does not exist, and the breaker must report its changes
+    there all the same (it fell silent for good: no events, no fleet reports)."""
+    breaker = CircuitBreaker(consecutive_failures=1, failure_rate=None, open_for=60)
+    inside, release = threading.Event(), threading.Event()
+    parent = os.getpid()
+
+    def slow_listener(event: object) -> None:
+        if isinstance(event, rs.BreakerStateChanged) and os.getpid() == parent:
+            inside.set()
+            release.wait(5)
+
+    heard: list[str] = []
+    breaker.add_listener(slow_listener)
+    breaker.add_listener(
+        lambda e: heard.append(e.new) if isinstance(e, rs.BreakerStateChanged) else None
+    )
+    opening = threading.Thread(target=breaker.open)
+    opening.start()
+    assert inside.wait(5)
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report what its listeners hear, then leave at once
+        try:
+            heard.clear()
+            breaker.close()
+            with contextlib.suppress(ZeroDivisionError):
+                breaker.call(lambda: 1 / 0)
+            os.write(write_end, ",".join(heard).encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    release.set()
+    opening.join(5)
+    os.waitpid(pid, 0)
+    with os.fdopen(read_end) as pipe:
+        assert pipe.read() == "closed,open"
