@@ -63,15 +63,15 @@ def _upstreams(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from .config import ServiceConfig
-    from .servers import bind, uvicorn_config
+    from .servers import bind, uvicorn_server
     from .service import create_app
 
     cfg = ServiceConfig.from_env()
     sock = bind(args.port)
-    server = uvicorn.Server(uvicorn_config(create_app(cfg), lifespan="on"))
+    # On SIGTERM the service ends its streams at once (see uvicorn_server); requests
+    # still in flight after the grace period are cancelled, so the shutdown is bounded.
+    server = uvicorn_server(create_app(cfg), lifespan="on", timeout_graceful_shutdown=3)
     _serve_forever([(server, sock)], {"port": sock.getsockname()[1], "worker": cfg.worker_index})
     return 0
 

@@ -2,7 +2,9 @@
 
 A :class:`Job` is an append-only list of events (``stage``, ``inference``, ``token``,
 ``done``) plus a wake-up signal; any number of SSE clients read it from any index, so a
-client that connects late still gets everything, and nothing is buffered per client.
+client that connects late still gets everything, and nothing is buffered per client. A
+stream that the service ends before its job does (a shutdown) ends with a ``shutdown``
+event instead of ``done``.
 
 Example::
 
@@ -87,14 +89,25 @@ class Job:
         self.events.append(f"event: {name}\ndata: {payload}\n\n".encode())
         if name == "done":
             self.ended = True
+        self.wake()
+
+    def wake(self) -> None:
+        """Wake every follower without an event (to look at its ``stop`` signal)."""
         wake, self._wake = self._wake, asyncio.Event()
         wake.set()
 
-    async def follow(self, start: int = 0) -> AsyncIterator[bytes]:
+    async def follow(
+        self, start: int = 0, *, stop: asyncio.Event | None = None
+    ) -> AsyncIterator[bytes]:
         """Every event (SSE bytes) from index ``start`` on, through the ``done`` event.
 
         Events that are already waiting go out as one chunk: one socket write for a
         burst of tokens instead of one per token (SSE events delimit themselves).
+
+        If ``stop`` is set before the job ends (the service is shutting down; set it,
+        then :meth:`wake` the job), the stream ends after the events already there with
+        a ``shutdown`` event instead of ``done``: an SSE client would otherwise hold the
+        server's graceful shutdown until its job ends.
         """
         index = start
         while True:
@@ -104,6 +117,11 @@ class Job:
                 index += len(pending)
                 yield pending[0] if len(pending) == 1 else b"".join(pending)
             if self.ended:
+                return
+            if stop is not None and stop.is_set():
+                data = {"id": self.id, "reason": "the service is shutting down"}
+                payload = json.dumps(data, separators=(",", ":"))
+                yield f"event: shutdown\ndata: {payload}\n\n".encode()
                 return
             await self._wake.wait()
 

@@ -13,7 +13,9 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
+import logging
 import os
 import signal
 import socket
@@ -24,7 +26,14 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["ChildProcess", "ThreadServer", "bind", "serve_in_thread", "uvicorn_config"]
+__all__ = [
+    "ChildProcess",
+    "ThreadServer",
+    "bind",
+    "serve_in_thread",
+    "uvicorn_config",
+    "uvicorn_server",
+]
 
 
 def bind(port: int = 0, host: str = "127.0.0.1") -> socket.socket:
@@ -60,16 +69,45 @@ def uvicorn_config(app: Any, **overrides: Any) -> Any:
     return uvicorn.Config(app, **options)
 
 
+def uvicorn_server(app: Any, **overrides: Any) -> Any:
+    """A uvicorn ``Server`` for ``app`` (see :func:`uvicorn_config`) that tells the app
+    as soon as it is asked to exit.
+
+    On SIGTERM/SIGINT (or ``should_exit``) uvicorn stops accepting connections, waits
+    for the requests in flight, and only then runs the lifespan shutdown. A request that
+    streams until something else ends (an SSE follower of a job) holds that wait as long.
+    If ``app.state.on_shutdown_started`` exists, this server calls it first, before the
+    wait: the summarizer service ends its streams there.
+    """
+    return _server_class()(uvicorn_config(app, **overrides))
+
+
+@functools.cache
+def _server_class() -> type[Any]:
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            state = getattr(self.config.app, "state", None)
+            hook = getattr(state, "on_shutdown_started", None)
+            if hook is not None:
+                try:
+                    hook()
+                except Exception:  # the shutdown goes on all the same
+                    logging.getLogger(__name__).exception("on_shutdown_started failed")
+            await super().shutdown(sockets)
+
+    return Server
+
+
 class ThreadServer:
     """A uvicorn server running ``app`` in a daemon thread (see :func:`serve_in_thread`)."""
 
     def __init__(self, app: Any, *, port: int = 0, **options: Any) -> None:
-        import uvicorn
-
         self.sock = bind(port)
         self.port: int = self.sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn_config(app, **options))
+        self.server = uvicorn_server(app, **options)
         self.thread = threading.Thread(
             target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True
         )

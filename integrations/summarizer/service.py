@@ -5,8 +5,11 @@ Endpoints::
     POST /summaries {"url": ...}        202 {"id", "stream"} (a job started or joined)
                                         200 {"id", "summary", "cached": true} from cache
                                         404 source known not to exist (negative cache)
+                                        503 the service is shutting down
     GET  /summaries/{id}                the job (stages, outcome, summary when done)
     GET  /summaries/{id}/stream         SSE: stage / inference / token / done events
+                                        (``shutdown`` instead of ``done``: the service
+                                        stopped first; the job is then cancelled)
     GET  /healthz                       liveness
     GET  /metrics                       Prometheus (policy series + service series)
     GET  /internal/stats                counters, downloads in flight, breaker states
@@ -21,10 +24,16 @@ Example::
 
     app = create_app(ServiceConfig(mode="resilient", platforms=("127.0.0.1", 8001)))
     uvicorn.run(app, port=8000)
+
+Served by :func:`~integrations.summarizer.servers.uvicorn_server` (as ``serve`` and the
+tests do), open streams end with a ``shutdown`` event as soon as the server is asked to
+exit; plain uvicorn runs nothing before its requests in flight end, so there a stream
+holds the shutdown until its job ends (give it ``timeout_graceful_shutdown``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -53,6 +62,9 @@ from .policies import EventLog, build_backend, build_downloads
 __all__ = ["Service", "create_app", "create_app_from_env"]
 
 _PRIORITIES = {"interactive": 0, "default": 5, "batch": 10}
+
+#: How long closing waits for the cancelled jobs to record their end (seconds).
+_CANCEL_GRACE = 3.0
 
 
 def _priority(request: Request, body: dict[str, Any]) -> int:
@@ -90,6 +102,8 @@ class Service:
         self.api_counts: dict[str, int] = {"unknown_id_hits": 0, "negative_source_hits": 0}
         self._job_metric: Any = None
         self._first_token_metric: Any = None
+        #: Set when the server starts shutting down: streams end, submissions get a 503.
+        self.stopping = asyncio.Event()
 
     def install_metrics(self) -> Any:
         """Prometheus: the library's policy series plus the service's own."""
@@ -130,11 +144,32 @@ class Service:
         if job.first_token is not None and job.inference_started is not None:
             self._first_token_metric.observe(job.first_token - job.inference_started)
 
+    def shutdown_started(self) -> None:
+        """The server was asked to exit: end every stream (a ``shutdown`` event) now.
+
+        Called by the server (:func:`~integrations.summarizer.servers.uvicorn_server`)
+        before it waits for the requests in flight, which the lifespan shutdown (and so
+        :meth:`close`) only follows: a stream that lasted until its job ended held the
+        shutdown up to ``job_deadline``. New jobs are refused from now on (a 503).
+        """
+        self.stopping.set()
+        for job in list(self.pipeline.jobs.by_id.values()):
+            if not job.ended:
+                job.wake()
+
     async def close(self) -> None:
-        """Cancel running jobs, close clients and files."""
+        """Cancel running jobs and let them record their end, close clients and files.
+
+        A cancelled job stores its final document (``failed``, error ``cancelled``) as it
+        ends: the store must still be open then, or its id is unknown after a restart.
+        """
+        self.shutdown_started()
         self.lag.stop()
-        for task in list(self.pipeline.tasks):
+        tasks = list(self.pipeline.tasks)
+        for task in tasks:
             task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=_CANCEL_GRACE)
         await self.transport.aclose()
         if self.downloads.transport is not None:
             await self.downloads.transport.aclose()
@@ -156,6 +191,12 @@ class Service:
         # aside): the job table, the caches and the media directory must agree on what
         # "the same URL" is, or two spellings run two jobs in one directory.
         url = canonical_url(domain, video_id)
+        if self.stopping.is_set():  # the job would be cancelled at once
+            return JSONResponse(
+                {"error": "the service is shutting down"},
+                status_code=503,
+                headers={"retry-after": "1"},
+            )
         priority = _priority(request, body)
         if await self.cache.is_missing(url):
             self.api_counts["negative_source_hits"] += 1
@@ -229,7 +270,7 @@ class Service:
             if job is None:
                 yield b"event: done\ndata: " + json.dumps(doc).encode() + b"\n\n"
                 return
-            async for event in job.follow():
+            async for event in job.follow(stop=self.stopping):
                 yield event
 
         return StreamingResponse(
@@ -343,6 +384,7 @@ def create_app(cfg: ServiceConfig | None = None) -> Starlette:
     ]
     app = Starlette(routes=routes, middleware=_middleware(cfg, svc.backend, svc), lifespan=lifespan)
     app.state.service = svc
+    app.state.on_shutdown_started = svc.shutdown_started  # see servers.uvicorn_server
     return app
 
 

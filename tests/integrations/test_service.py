@@ -429,3 +429,76 @@ def test_media_left_by_degraded_jobs_are_kept_for_max_leftover_media_urls(make_s
     doc = svc.wait(svc.submit("https://vidhub.test/watch/left1").json()["id"])
     assert doc["outcome"] == "degraded"
     assert settles_on(["left1", "left3"]) == ["left1", "left3"]
+
+
+def _running_video(svc, platforms, name: str) -> str:
+    """Submit a job whose video downloads at 1 KiB/s and wait until the video is running."""
+    _, app = platforms
+    app.control("vidhub.test").bandwidth = 1024.0  # minutes per video
+    job_id = svc.submit(f"https://vidhub.test/watch/{name}").json()["id"]
+    deadline = time.monotonic() + 10
+    while svc.client.get(f"/summaries/{job_id}").json()["stages"]["video"]["bytes"] == 0:
+        assert time.monotonic() < deadline, "the video never started"
+        time.sleep(0.02)
+    return str(job_id)
+
+
+def test_a_job_running_at_shutdown_is_recorded_and_found_after_a_restart(make_service, platforms):
+    """A job still running when the service stops is cancelled and its end recorded
+    (failed, cancelled): a service started again on the same workdir knows its id. The
+    store used to be closed before the cancelled job could write to it, and an accepted
+    (202) job answered 404 "unknown summary id" after the restart."""
+    svc = make_service()
+    job_id = _running_video(svc, platforms, "shutdown1")
+    started = time.monotonic()
+    svc.server.stop(timeout=5)
+    assert not svc.server.thread.is_alive()
+    assert time.monotonic() - started < 5
+    again = make_service(workdir=svc.service.cfg.workdir)
+    response = again.client.get(f"/summaries/{job_id}")
+    assert response.status_code == 200
+    doc = response.json()
+    assert (doc["status"], doc["outcome"], doc["error"]) == ("failed", "failed", "cancelled")
+
+
+def test_shutdown_ends_open_streams_with_a_shutdown_event(make_service, platforms):
+    """Asked to exit while a client follows a running job, the server ends the stream at
+    once with a ``shutdown`` event, then cancels the job and records it. It used to wait
+    for the job to end (up to ``job_deadline``, 90 s) before it even started cancelling
+    jobs: uvicorn waits for the requests in flight before the lifespan shutdown."""
+    svc = make_service()
+    job_id = _running_video(svc, platforms, "shutdown2")
+    events: list[str] = []
+
+    def follow() -> None:
+        with httpx.stream("GET", f"{svc.server.url}/summaries/{job_id}/stream", timeout=30) as s:
+            for line in s.iter_lines():
+                if line.startswith("event: "):
+                    events.append(line[7:])
+
+    follower = threading.Thread(target=follow, daemon=True)
+    follower.start()
+    deadline = time.monotonic() + 5
+    while "stage" not in events:  # the stream is open
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    started = time.monotonic()
+    svc.server.stop(timeout=5)
+    assert not svc.server.thread.is_alive()
+    assert time.monotonic() - started < 5
+    follower.join(5)
+    assert not follower.is_alive()
+    assert events[-1] == "shutdown"
+    again = make_service(workdir=svc.service.cfg.workdir)
+    doc = again.client.get(f"/summaries/{job_id}").json()
+    assert (doc["outcome"], doc["error"]) == ("failed", "cancelled")
+
+
+def test_a_submission_once_shutdown_started_gets_a_503(make_service):
+    """Once the server is asked to exit, a new job is refused with a 503 and Retry-After
+    (it would be cancelled at once); it used to be accepted (202) and cancelled."""
+    svc = make_service()
+    svc.service.shutdown_started()  # what the server calls first when asked to exit
+    refused = svc.submit("https://vidhub.test/watch/toolate")
+    assert refused.status_code == 503
+    assert refused.headers["retry-after"] == "1"
