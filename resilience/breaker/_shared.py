@@ -172,6 +172,10 @@ class _Hub:
         self._publisher: threading.Thread | None = None
         self._next_poll = 0.0
         self.interval = 1.0
+        #: Held by the subscriber thread while it works on breakers (a remote trip, a
+        #: poll), and by a fork: a child must not inherit a breaker lock that thread
+        #: held, or its first call through that breaker would wait for good.
+        self._applying = threading.RLock()
 
     # ---------------------------------------------------------------- membership
 
@@ -204,6 +208,7 @@ class _Hub:
         self.origin = uuid.uuid4().hex
         self.connected = False
         self._lock = threading.Lock()
+        self._applying = threading.RLock()
         self._jobs = queue.SimpleQueue()
         self._pending = {}
         self._pending_lock = threading.Lock()
@@ -294,17 +299,21 @@ class _Hub:
             try:
                 pubsub = self.backend.sync_client.pubsub(ignore_subscribe_messages=True)
                 pubsub.subscribe(self.channel)
-                self._poll_all()  # catch up on what was missed while away
-                self._set_connected(True, None)
+                with self._applying:
+                    self._poll_all()  # catch up on what was missed while away
+                    self._set_connected(True, None)
                 backoff = 0.05
                 while not self._stop.is_set():
                     message = pubsub.get_message(timeout=0.1)
                     if message is not None and message.get("type") == "message":
-                        self._dispatch(message["data"])
+                        with self._applying:
+                            self._dispatch(message["data"])
                     if time.monotonic() >= self._next_poll:
-                        self._poll_all()
+                        with self._applying:
+                            self._poll_all()
             except Exception as exc:
-                self._set_connected(False, exc)
+                with self._applying:
+                    self._set_connected(False, exc)
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 1.0)
             finally:
@@ -348,7 +357,29 @@ class _Hub:
             member._poll()
 
 
+#: The hubs whose subscriber a fork in progress keeps out of breaker code.
+_HELD_AT_FORK: list[_Hub] = []
+#: How long a fork waits for a subscriber to finish what it applies (a listener that
+#: blocks must not block every fork: past it, the fork goes on).
+_FORK_WAIT = 1.0
+
+
+def _before_fork() -> None:
+    with _Hub._hubs_lock:
+        hubs = list(_Hub._hubs.values())
+    for hub in hubs:
+        if hub._applying.acquire(timeout=_FORK_WAIT):
+            _HELD_AT_FORK.append(hub)
+
+
+def _after_fork_in_parent() -> None:
+    for hub in _HELD_AT_FORK:
+        hub._applying.release()
+    _HELD_AT_FORK.clear()
+
+
 def _after_fork_in_child() -> None:
+    _HELD_AT_FORK.clear()  # each hub gets a new lock
     _Hub._hubs_lock = threading.Lock()
     for hub in list(_Hub._hubs.values()):
         try:
@@ -358,7 +389,11 @@ def _after_fork_in_child() -> None:
 
 
 if hasattr(os, "register_at_fork"):  # pragma: no branch
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+    os.register_at_fork(
+        before=_before_fork,
+        after_in_parent=_after_fork_in_parent,
+        after_in_child=_after_fork_in_child,
+    )
 
 
 class SharedState:
