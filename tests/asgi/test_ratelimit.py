@@ -408,6 +408,25 @@ async def test_websocket_and_lifespan_pass_through_untouched() -> None:
     assert limiter.statistics().admitted == 0
 
 
+WEBSOCKET_SCOPE = {"type": "websocket", "path": "/ws", "client": ("1.2.3.4", 1), "headers": []}
+
+
+async def _accepting_app(scope: Any, receive: Any, send: Any) -> None:
+    await send({"type": "websocket.accept"})
+
+
+async def _connect() -> dict[str, Any]:
+    return {"type": "websocket.connect"}
+
+
+def _one_handshake_a_minute() -> RateLimitMiddleware:
+    """A middleware that admits one websocket handshake on /ws a minute."""
+    limiter = RateLimiter("1/minute", clock=FakeClock())
+    return RateLimitMiddleware(
+        _accepting_app, limiter=limiter, rules=[Rule("/ws", scopes=("websocket",))]
+    )
+
+
 async def test_websocket_rule_refuses_handshakes() -> None:
     """A rule naming websocket limits handshakes: 429 via the HTTP-response extension,
     else close code 1013, after the accept (a close before it reaches the client as an
@@ -417,23 +436,14 @@ async def test_websocket_rule_refuses_handshakes() -> None:
     async def send(message: Any) -> None:
         sent.append(message)
 
-    async def receive() -> dict[str, Any]:
-        return {"type": "websocket.connect"}
-
-    async def app(scope: Any, receive: Any, send: Any) -> None:
-        await send({"type": "websocket.accept"})
-
-    limiter = RateLimiter("1/minute", clock=FakeClock())
-    middleware = RateLimitMiddleware(
-        app, limiter=limiter, rules=[Rule("/ws", scopes=("websocket",))]
-    )
-    scope = {"type": "websocket", "path": "/ws", "client": ("1.2.3.4", 1), "headers": []}
-    await middleware(dict(scope), receive, send)
+    middleware = _one_handshake_a_minute()
+    await middleware(dict(WEBSOCKET_SCOPE), _connect, send)
     assert sent[-1] == {"type": "websocket.accept"}
     sent.clear()
-    await middleware(dict(scope), receive, send)
+    await middleware(dict(WEBSOCKET_SCOPE), _connect, send)
     assert sent == [{"type": "websocket.accept"}, {"type": "websocket.close", "code": 1013}]
-    await middleware({**scope, "extensions": {"websocket.http.response": {}}}, receive, send)
+    extended = {**WEBSOCKET_SCOPE, "extensions": {"websocket.http.response": {}}}
+    await middleware(extended, _connect, send)
     assert sent[-2]["type"] == "websocket.http.response.start"
     assert sent[-2]["status"] == 429
     assert (b"retry-after", b"60") in sent[-2]["headers"]
@@ -452,20 +462,10 @@ async def test_websocket_refusal_on_a_server_that_refuses_close_code_1013() -> N
             raise Exception(f"invalid close code {code} (must be 1000 or from [3000, 4999])")
         sent.append(message)
 
-    async def receive() -> dict[str, Any]:
-        return {"type": "websocket.connect"}
-
-    async def app(scope: Any, receive: Any, send: Any) -> None:
-        await send({"type": "websocket.accept"})
-
-    limiter = RateLimiter("1/minute", clock=FakeClock())
-    middleware = RateLimitMiddleware(
-        app, limiter=limiter, rules=[Rule("/ws", scopes=("websocket",))]
-    )
-    scope = {"type": "websocket", "path": "/ws", "client": ("1.2.3.4", 1), "headers": []}
-    await middleware(dict(scope), receive, send)
+    middleware = _one_handshake_a_minute()
+    await middleware(dict(WEBSOCKET_SCOPE), _connect, send)
     sent.clear()
-    await middleware(dict(scope), receive, send)
+    await middleware(dict(WEBSOCKET_SCOPE), _connect, send)
     assert sent == [{"type": "websocket.accept"}, {"type": "websocket.close", "code": 4429}]
 
 

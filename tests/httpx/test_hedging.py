@@ -231,33 +231,46 @@ def test_sync_hedge_wins_and_the_loser_is_closed_when_it_answers() -> None:
     assert transport.statistics().hedge_wins == 1
 
 
+class SlowHost:
+    """A mock upstream: ``slow.test`` answers once ``release`` is set, others at once;
+    ``sent`` lists the hosts asked, in order."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.sent: list[str] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.sent.append(request.url.host)
+        if request.url.host == "slow.test":
+            self.release.wait(5)
+        return httpx.Response(200, text=request.url.host)
+
+    def take_the_only_thread(self, client: httpx.Client) -> threading.Thread:
+        """A slow.test round on the client's one hedging thread, until ``release``."""
+        slow = threading.Thread(target=client.get, args=("http://slow.test/",))
+        slow.start()
+        while "slow.test" not in self.sent:
+            self.release.wait(0.001)
+        return slow
+
+
 def test_sync_hedge_delay_starts_when_the_first_attempt_starts() -> None:
     """With every hedging thread busy with another host's slow round, a request's
     first attempt waits for a thread; its hedge delay runs from when it is sent, not
     from when it was queued. (The hedge used to be admitted while the first attempt
     was still queued, took the host's only bulkhead slot, and the first attempt then
     waited ``max_wait`` for the slot its own hedge held.)"""
-    release = threading.Event()
-    sent: list[str] = []
-
-    def upstream(request: httpx.Request) -> httpx.Response:
-        sent.append(request.url.host)
-        if request.url.host == "slow.test":
-            release.wait(5)
-        return httpx.Response(200, text=request.url.host)
-
+    upstream = SlowHost()
+    sent = upstream.sent
     transport = ResilientTransport(
         httpx.MockTransport(upstream), hedge=0.05, bulkhead=1, max_wait=2.0, hedge_threads=1
     )
     with httpx.Client(transport=transport) as client:
-        slow = threading.Thread(target=client.get, args=("http://slow.test/",))
-        slow.start()
-        while "slow.test" not in sent:  # the only hedging thread is taken
-            release.wait(0.001)
+        slow = upstream.take_the_only_thread(client)
         quick = threading.Thread(target=lambda: sent.append(client.get(URL).text + " answered"))
         quick.start()
         quick.join(0.25)  # well past the 50 ms hedge delay, still queued
-        release.set()
+        upstream.release.set()
         quick.join(5)
         slow.join(5)
     assert sent.count("a.test answered") == 1
@@ -269,23 +282,13 @@ def test_sync_hedge_delay_starts_when_the_first_attempt_starts() -> None:
 def test_a_sync_hedge_still_queued_when_the_round_is_decided_is_never_sent() -> None:
     """A hedge waiting for a hedging thread when its round is answered is cancelled:
     it is not sent after the caller has its answer, and it held nothing meanwhile."""
-    release = threading.Event()
-    sent: list[str] = []
-
-    def upstream(request: httpx.Request) -> httpx.Response:
-        sent.append(request.url.host)
-        if request.url.host == "slow.test":
-            release.wait(5)
-        return httpx.Response(200, text=request.url.host)
-
+    upstream = SlowHost()
+    sent = upstream.sent
     transport = ResilientTransport(httpx.MockTransport(upstream), hedge=0.05, hedge_threads=1)
     with httpx.Client(transport=transport) as client:
-        slow = threading.Thread(target=client.get, args=("http://slow.test/",))
-        slow.start()
-        while "slow.test" not in sent:
-            release.wait(0.001)
+        slow = upstream.take_the_only_thread(client)
         slow.join(0.25)  # its hedge is queued behind it, on the only thread
-        release.set()
+        upstream.release.set()
         slow.join(5)
         assert client.get(URL).text == "a.test"  # the thread is free again
     assert sent == ["slow.test", "a.test"]
