@@ -19,6 +19,7 @@ from resilience.asgi import (
     client_ip,
     digest,
     header,
+    route,
 )
 from resilience.backends import MemoryBackend, RedisBackend
 from resilience.errors import ConfigurationError
@@ -627,3 +628,36 @@ def test_flags_must_be_booleans(flag: str) -> None:
     """``shadow="no"`` is a mistake that bool() would read as True: refused."""
     with pytest.raises(ConfigurationError, match=flag):
         RateLimitMiddleware(ok_app, limiter=RateLimiter("1/s"), **{flag: "no"})
+
+
+@pytest.mark.parametrize("rule_key", [None, client_ip()])
+async def test_forgetting_a_clients_failed_logins_resets_the_key_the_rule_uses(
+    rule_key: Any,
+) -> None:
+    """docs/migrating.md's "N failed logins" recipe: after a success the app resets
+    the login limiter's bucket of this client, the digest of the key the login rule
+    uses (its own ``key=``, else the middleware's ``client_ip() + route()``), and the
+    client may log in again at once."""
+    login_limiter = RateLimiter("2/minute", clock=FakeClock(), name="login")
+    used_key = rule_key if rule_key is not None else client_ip() + route()
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["query_string"] == b"ok=1":
+            login_limiter.reset(digest(used_key(scope)))
+        await ok_app(scope, receive, send)
+
+    middleware = RateLimitMiddleware(
+        app,
+        limiter=RateLimiter("100/minute", clock=FakeClock()),
+        key=client_ip() + route(),
+        rules=[
+            Rule("/login", methods=["POST"], limiter=login_limiter)
+            if rule_key is None
+            else Rule("/login", methods=["POST"], limiter=login_limiter, key=rule_key)
+        ],
+    )
+    statuses = [
+        (await call(middleware, http_scope("/login", method="POST", query=query))).status
+        for query in ("", "ok=1", "", "")
+    ]
+    assert statuses == [200, 200, 200, 200]
