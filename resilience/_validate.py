@@ -88,6 +88,28 @@ def check_callable(name: str, value: Any, *, allow_none: bool = True) -> Callabl
     return value  # type: ignore[no-any-return]
 
 
+def check_key_function(
+    name: str, value: Any, *, allow_none: bool = True
+) -> Callable[..., Any] | None:
+    """Return ``value`` if it is a plain (synchronous) callable.
+
+    A key is computed on every call before anything is awaited: an ``async def`` key
+    function would return a new coroutine each time, a key of its own, and the policy
+    would silently key nothing (every call its own bucket, slot group or breaker).
+    """
+    fn = check_callable(name, value, allow_none=allow_none)
+    if fn is not None:
+        from ._policy import is_async_callable, is_generator_function
+
+        if is_async_callable(fn) or is_generator_function(fn):
+            raise ConfigurationError(
+                f"{name} must be a plain function returning the key, got {fn!r}: an async "
+                f"or generator function gives a new object per call, so every call would "
+                f"get a key of its own"
+            )
+    return fn
+
+
 def check_clock(name: str, value: Any) -> Clock:
     """Return ``value`` if it can serve as a :class:`~resilience.Clock` (``None``: the
     system clock). Only ``monotonic()`` is required here; a policy that sleeps calls

@@ -8,7 +8,7 @@ from typing import Any, ParamSpec, TypeVar
 from .._clock import Clock
 from .._deferred import armed
 from .._policy import PolicyBase, refuse_async
-from .._validate import check_clock, check_int, check_number, check_probability
+from .._validate import check_clock, check_int, check_key_function, check_number, check_probability
 from ..errors import ConfigurationError, InjectedFault
 from ._core import FaultCore, Plan, new_seed
 from ._shell import (
@@ -167,7 +167,8 @@ class Faults(PolicyBase):
         self.faults: tuple[Fault, ...] = tuple(specs)
         self._clock = check_clock("clock", clock)
         self._switch = switch_for(enabled)
-        self._key = key  # events carry the call's key, as the transports' carry theirs
+        # events carry the call's key, as the transports' carry theirs
+        self._key = check_key_function("key", key)
         self._core = FaultCore(
             [(spec, None) for spec in specs],
             seed=self.seed,

@@ -33,10 +33,10 @@ from .._retry import _chain
 from .._validate import (
     check_backoff,
     check_bool,
-    check_callable,
     check_clock,
     check_header_name,
     check_int,
+    check_key_function,
     check_name,
     check_number,
 )
@@ -241,7 +241,7 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observab
         self._inner = inner
         self._sync_inner = inner if isinstance(inner, httpx.BaseTransport) else None
         self._async_inner = inner if isinstance(inner, httpx.AsyncBaseTransport) else None
-        self._key = check_callable("key", key)
+        self._key = check_key_function("key", key)
         self.attempts: int = check_int("attempts", attempts, minimum=1)
         self._backoff: Iterable[float] = check_backoff(backoff)
         if budget is not None and not isinstance(budget, RetryBudget):

@@ -22,7 +22,7 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 from .._validate import TOKEN as _TOKEN
-from .._validate import check_header_name
+from .._validate import check_header_name, check_key_function
 from ..errors import ConfigurationError
 from ._types import Scope
 
@@ -90,6 +90,7 @@ def _as_key(func: KeyFunction) -> Key:
         return func
     if not callable(func):
         raise ConfigurationError(f"key must be a key function (scope -> str | None), got {func!r}")
+    check_key_function("key", func)  # a coroutine per request would be no key at all
     return Key(func, getattr(func, "__name__", repr(func)))
 
 
@@ -102,7 +103,7 @@ def cached_digest(key: str) -> str:
     skip the hash. Bounded, so attacker-chosen keys cannot grow it."""
     value = _DIGESTS.get(key)
     if value is None:
-        value = hashlib.blake2b(key.encode("utf-8", "surrogateescape"), digest_size=16).hexdigest()
+        value = hashlib.blake2b(_utf8(key), digest_size=16).hexdigest()
         _remember(_DIGESTS, key, value)
     return value
 
@@ -141,7 +142,17 @@ def digest(key: str) -> str:
         >>> len(rs.asgi.digest("ip:203.0.113.7"))
         32
     """
-    return hashlib.blake2b(key.encode("utf-8", "surrogateescape"), digest_size=16).hexdigest()
+    return hashlib.blake2b(_utf8(key), digest_size=16).hexdigest()
+
+
+def _utf8(key: str) -> bytes:
+    """``key`` as bytes to hash: UTF-8, undecodable bytes (``surrogateescape``) as they
+    were; a lone surrogate no bytes stand for (``"\\ud800"`` from a JSON claim) is
+    hashed too, in its own encoding, instead of failing the request."""
+    try:
+        return key.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return key.encode("utf-8", "surrogatepass")
 
 
 # -- client_ip ---------------------------------------------------------------------------

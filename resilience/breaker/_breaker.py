@@ -18,7 +18,7 @@ from .._events import GLOBAL_LISTENERS, CallRejected
 from .._keyed import BoundedMap
 from .._matching import ExceptionFilter
 from .._policy import PolicyBase, is_async_callable, is_generator_function, refuse_async
-from .._validate import check_callable, check_clock, check_int, check_number
+from .._validate import check_clock, check_int, check_key_function, check_number
 from ..errors import CircuitOpen, ConfigurationError, Rejected
 from ._config import FAILURE, IGNORE, SUCCESS, BreakerConfig, Outcome
 from ._core import BreakerCore, BreakerStatistics, Election, Ticket, _Change
@@ -313,7 +313,7 @@ class CircuitBreaker(PolicyBase):
                 f"backend must be a RedisBackend, a MemoryBackend or None, got {backend!r}"
             )
 
-        user_key = check_callable("key", key)
+        user_key = check_key_function("key", key)
         # Checked with or without key=, so a typo fails now rather than when a key is added.
         max_keys = check_int("max_keys", max_keys, minimum=1)
         idle_ttl = check_number("idle_ttl", idle_ttl, minimum=0.0, strict=True, allow_none=True)

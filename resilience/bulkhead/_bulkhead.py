@@ -22,7 +22,13 @@ from .._blocks import pop_innermost
 from .._clock import SYSTEM_CLOCK, Clock
 from .._events import GLOBAL_LISTENERS, CallRejected
 from .._policy import PolicyBase, refuse_async
-from .._validate import check_callable, check_choice, check_clock, check_int, check_number
+from .._validate import (
+    check_choice,
+    check_clock,
+    check_int,
+    check_key_function,
+    check_number,
+)
 from ..errors import BulkheadFull
 from ._permit import Permit
 from ._slots import GRANTED, Slots, Waiter
@@ -184,7 +190,7 @@ class Bulkhead(PolicyBase):
         super().__init__(name=name)
         self.max_concurrent: int = check_int("max_concurrent", max_concurrent, minimum=1)
         self._limit = self.max_concurrent
-        self._key = check_callable("key", key)
+        self._key = check_key_function("key", key)
         self.max_wait: float = check_number("max_wait", max_wait, allow_inf=True)
         lease = check_number("lease", lease, minimum=0.0, strict=True)
         check_choice("on_lease_lost", on_lease_lost, ("raise", "event"))

@@ -479,6 +479,7 @@ class Distributed:
 
     def acquire(self, key: Hashable, priority: int, max_wait: float) -> Permit:
         """Take a lease of ``key``, blocking the thread up to ``max_wait`` (shell)."""
+        hash(key)  # an unhashable key fails here, not after its lease is taken on Redis
         if not self.failover.use_backend():
             self.failover.fallback(key)
             return self._degraded(key, priority, max_wait)
@@ -518,6 +519,7 @@ class Distributed:
 
         ``may_wait``: see ``Bulkhead._acquire_quietly_async``.
         """
+        hash(key)  # as in acquire()
         if not self.failover.use_backend():
             self.failover.fallback(key)
             return await self._degraded_async(key, priority, max_wait, may_wait)

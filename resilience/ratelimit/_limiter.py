@@ -18,7 +18,13 @@ from .._clock import Clock
 from .._deadline import clamp
 from .._events import GLOBAL_LISTENERS, CallRejected
 from .._policy import PolicyBase, decorate, is_async_callable, is_generator_function, refuse_async
-from .._validate import check_callable, check_choice, check_clock, check_int, check_number
+from .._validate import (
+    check_choice,
+    check_clock,
+    check_int,
+    check_key_function,
+    check_number,
+)
 from ..backends._failover import MODES, Failover, FailureMode
 from ..backends._memory import MemoryBackend
 from ..errors import ConfigurationError, RateLimited
@@ -175,7 +181,7 @@ class RateLimiter(PolicyBase):
         on_backend_error = check_choice("on_backend_error", on_backend_error, MODES)
         self._clock: Clock = check_clock("clock", clock)
         if callable(key) and not isinstance(key, str | bytes):
-            self._key_fn: Callable[..., Hashable] | None = check_callable("key", key)
+            self._key_fn: Callable[..., Hashable] | None = check_key_function("key", key)
             self._key: Hashable = None
         else:
             try:

@@ -158,6 +158,7 @@ class RedisBuckets:
                     self._calls.clear()
                 self._calls[slot] = call
             return call
+        hash(key)  # an unhashable key fails before its token is spent, as above
         return self._script.prepare(
             (self._redis_key(key),), (*self._argv, cost, max_wait_us, *self._frac)
         )
@@ -240,16 +241,18 @@ class RedisBuckets:
 
     def probe(self, key: Hashable, cost: int, max_wait_us: int) -> Decision:
         """Like :meth:`take`, always a round trip (the failure mode's recovery probe)."""
+        call = self._call(key, cost, max_wait_us)
         self.round_trips += 1
         resets = self._resets
-        reply = self._run(self._call(key, cost, max_wait_us))
+        reply = self._run(call)
         return self._decision(key, cost, reply, resets)
 
     async def probe_async(self, key: Hashable, cost: int, max_wait_us: int) -> Decision:
         """Like :meth:`take_async`, always a round trip."""
+        call = self._call(key, cost, max_wait_us)
         self.round_trips += 1
         resets = self._resets
-        reply = await self._run_async(self._call(key, cost, max_wait_us))
+        reply = await self._run_async(call)
         return self._decision(key, cost, reply, resets)
 
     def reset(self, key: Hashable) -> None:

@@ -213,6 +213,30 @@ def test_a_name_with_a_colon_shares_no_slots_with_another_name_and_key(
         assert second.statistics("y").shared_in_flight == 1
 
 
+@pytest.mark.anyio
+async def test_an_unhashable_key_takes_no_lease(backends: Callable[..., RedisBackend]) -> None:
+    """A key function returning a list fails with TypeError before any lease is taken
+    (the lease was taken on Redis first, then the local ledger raised, and the slot
+    stayed taken for the whole lease, for every process, under the list's text)."""
+    bulkhead = rs.Bulkhead(1, key=lambda parts: parts, backend=backends(), name="dl", lease=30)
+
+    @bulkhead
+    def download(parts: list[str]) -> str:
+        return "ok"
+
+    @bulkhead
+    async def download_async(parts: list[str]) -> str:
+        return "ok"
+
+    with pytest.raises(TypeError, match="unhashable"):
+        download(["example.com"])
+    with pytest.raises(TypeError, match="unhashable"):
+        await download_async(["example.com"])
+    assert bulkhead.statistics("['example.com']").shared_in_flight == 0
+    with bulkhead.acquire_nowait("['example.com']"):
+        pass
+
+
 def test_renewal_keeps_a_long_call_s_lease(backends: Callable[..., RedisBackend]) -> None:
     """A holder running longer than its lease keeps the slot (renewed every lease/3;
     a lease of 0.6 s: a loaded 2-core machine once kept the renewal thread off the CPU

@@ -435,3 +435,16 @@ def test_a_refusal_in_flight_during_a_reset_is_not_cached(redis_server: RedisSer
     primary._run = reply_after_a_reset
     assert not limiter.try_acquire("k")
     assert limiter.try_acquire("k")  # Redis holds it full: no stale cached refusal
+
+
+def test_an_unhashable_key_spends_no_token(redis_server: RedisServer) -> None:
+    """A list as the key fails with TypeError before the round trip, whatever the cost
+    (with a cost above 1 the script ran, spending the token, and the caller got a
+    TypeError from the denial cache instead of a decision)."""
+    backend = rs.backends.RedisBackend.from_url(redis_server.url, prefix="unhashable")
+    limiter = rs.RateLimiter("1/min", backend=backend, burst=2, name="u")
+    for cost in (1, 2):
+        with pytest.raises(TypeError, match="unhashable"):
+            limiter.try_acquire(["example.com"], cost=cost)  # type: ignore[arg-type]
+    assert limiter.statistics().round_trips == 0
+    assert limiter.try_acquire("['example.com']", cost=2).allowed
