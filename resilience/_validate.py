@@ -89,23 +89,27 @@ def check_callable(name: str, value: Any, *, allow_none: bool = True) -> Callabl
 
 
 def check_key_function(
-    name: str, value: Any, *, allow_none: bool = True
+    name: str, value: Any, *, allow_none: bool = True, gives: str = "the key"
 ) -> Callable[..., Any] | None:
     """Return ``value`` if it is a plain (synchronous) callable.
 
-    A key is computed on every call before anything is awaited: an ``async def`` key
-    function would return a new coroutine each time, a key of its own, and the policy
-    would silently key nothing (every call its own bucket, slot group or breaker).
+    A key (a request's cost, its priority) is computed on every call before anything
+    is awaited: an ``async def`` key function would return a new coroutine each time,
+    a key of its own, and the policy would silently key nothing (every call its own
+    bucket, slot group or breaker).
     """
     fn = check_callable(name, value, allow_none=allow_none)
     if fn is not None:
         from ._policy import is_async_callable, is_generator_function
 
-        if is_async_callable(fn) or is_generator_function(fn):
+        try:
+            refused = is_async_callable(fn) or is_generator_function(fn)
+        except Exception:  # a proxy whose attributes misbehave: not ours to judge
+            refused = False
+        if refused:
             raise ConfigurationError(
-                f"{name} must be a plain function returning the key, got {fn!r}: an async "
-                f"or generator function gives a new object per call, so every call would "
-                f"get a key of its own"
+                f"{name} must be a plain function returning {gives}, got {fn!r}: an async "
+                f"or generator function gives a new object per call, not {gives}"
             )
     return fn
 

@@ -19,6 +19,7 @@ from .._validate import (
     check_clock,
     check_header_name,
     check_int,
+    check_key_function,
     check_name,
     check_number,
 )
@@ -218,7 +219,9 @@ class _Plan:
         self.policy = str(getattr(bulkhead, "name", "Bulkhead"))
         self.key = None if key is None else _as_key(key).func
         if callable(priority):
-            self.priority_fn: Callable[[Scope], int] | None = priority
+            self.priority_fn: Callable[[Scope], int] | None = check_key_function(
+                "priority", priority, gives="the priority"
+            )
             self.priority: int | None = None
         else:
             self.priority_fn = None

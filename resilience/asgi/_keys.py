@@ -103,7 +103,7 @@ def cached_digest(key: str) -> str:
     skip the hash. Bounded, so attacker-chosen keys cannot grow it."""
     value = _DIGESTS.get(key)
     if value is None:
-        value = hashlib.blake2b(_utf8(key), digest_size=16).hexdigest()
+        value = _blake2b(key)
         _remember(_DIGESTS, key, value)
     return value
 
@@ -142,17 +142,23 @@ def digest(key: str) -> str:
         >>> len(rs.asgi.digest("ip:203.0.113.7"))
         32
     """
-    return hashlib.blake2b(_utf8(key), digest_size=16).hexdigest()
+    return _blake2b(key)
 
 
-def _utf8(key: str) -> bytes:
-    """``key`` as bytes to hash: UTF-8, undecodable bytes (``surrogateescape``) as they
-    were; a lone surrogate no bytes stand for (``"\\ud800"`` from a JSON claim) is
-    hashed too, in its own encoding, instead of failing the request."""
+def _blake2b(key: str) -> str:
+    """The 128-bit BLAKE2b hex digest of ``key`` in UTF-8, undecodable bytes
+    (``surrogateescape``) as they were.
+
+    A lone surrogate no bytes stand for (``"\\ud800"`` from a JSON claim) is hashed
+    too, instead of failing the request: in its ``surrogatepass`` encoding, under a
+    personalization of its own, since those bytes are also what ``surrogateescape``
+    gives another key (every byte string is some key's).
+    """
     try:
-        return key.encode("utf-8", "surrogateescape")
+        return hashlib.blake2b(key.encode("utf-8", "surrogateescape"), digest_size=16).hexdigest()
     except UnicodeEncodeError:
-        return key.encode("utf-8", "surrogatepass")
+        data = key.encode("utf-8", "surrogatepass")
+        return hashlib.blake2b(data, digest_size=16, person=b"surrogatepass").hexdigest()
 
 
 # -- client_ip ---------------------------------------------------------------------------

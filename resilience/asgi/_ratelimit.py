@@ -7,7 +7,14 @@ from re import Pattern
 from typing import Any
 
 from .._events import GLOBAL_LISTENERS, CallRejected, Listener
-from .._validate import check_bool, check_callable, check_choice, check_int, check_name
+from .._validate import (
+    check_bool,
+    check_callable,
+    check_choice,
+    check_int,
+    check_key_function,
+    check_name,
+)
 from ..backends._memory import MemoryBuckets
 from ..errors import BackendError, ConfigurationError
 from ..ratelimit import RateLimiter
@@ -112,7 +119,9 @@ class _Plan:
         self.key: KeyFunction = as_key.func if fused is None else fused
         self.rehash = hash_keys and fused is None
         if callable(cost):
-            self.cost_fn: Callable[[Scope], int] | None = cost
+            self.cost_fn: Callable[[Scope], int] | None = check_key_function(
+                "cost", cost, gives="the cost"
+            )
             self.cost = 1
         else:
             self.cost_fn = None

@@ -69,3 +69,49 @@ async def test_a_key_with_a_lone_surrogate_is_limited_not_a_500() -> None:
     assert digest(claim) != digest("user")
     undecodable = b"caf\xe9".decode("utf-8", "surrogateescape")
     assert digest(undecodable) == hashlib.blake2b(b"caf\xe9", digest_size=16).hexdigest()
+
+
+class LazyKey:
+    """A sync key object whose attributes are looked up lazily (a LocalProxy)."""
+
+    def __call__(self, request: dict[str, str]) -> str:
+        return request["user"]
+
+    def __getattr__(self, name: str) -> Any:
+        raise RuntimeError(f"not bound yet ({name})")
+
+
+def test_a_sync_key_object_with_misbehaving_attributes_is_accepted() -> None:
+    """The async check must not judge an object whose attribute lookups raise: a lazy
+    proxy is a plain key function (it raised its own RuntimeError when the policy was
+    built)."""
+    limiter = rs.RateLimiter("1/min", key=LazyKey())
+
+    @limiter
+    def handle(request: dict[str, str]) -> str:
+        return request["user"]
+
+    assert handle({"user": "u"}) == "u"
+    rs.Bulkhead(1, key=LazyKey())
+    rs.CircuitBreaker(key=LazyKey())
+
+
+async def cost_of(scope: Any) -> int:
+    return 1
+
+
+def test_async_cost_and_priority_functions_are_refused() -> None:
+    """An ``async def`` cost or priority function gave a coroutine per request: every
+    request failed (a 500). Refused when the middleware is built."""
+    from resilience.asgi import ConcurrencyLimitMiddleware
+
+    with pytest.raises(rs.ConfigurationError, match="returning the cost"):
+        RateLimitMiddleware(ok_app, limiter=rs.RateLimiter("1/min"), cost=cost_of)
+    with pytest.raises(rs.ConfigurationError, match="returning the priority"):
+        ConcurrencyLimitMiddleware(ok_app, bulkhead=rs.Bulkhead(1), priority=cost_of)
+
+
+def test_a_lone_surrogate_shares_no_digest_with_another_key() -> None:
+    """``"\\ud800"`` in ``surrogatepass`` is ``ED A0 80``, the bytes ``surrogateescape``
+    gives ``"\\udced\\udca0\\udc80"``: the two keys must still not share a bucket."""
+    assert digest("\ud800") != digest("\udced\udca0\udc80")
