@@ -96,15 +96,20 @@ def _as_key(func: KeyFunction) -> Key:
 
 _DIGESTS: dict[str, str] = {}
 _DIGESTS_MAX = 8192
+#: Longer keys (and paths) are hashed (looked up) every time instead of memoised: a
+#: memo counted in entries would otherwise hold 8192 attacker-sized 16 KB keys.
+_MEMO_KEY_MAX = 256
 
 
 def cached_digest(key: str) -> str:
     """:func:`digest` through a small bounded memo (cleared when full): repeat clients
-    skip the hash. Bounded, so attacker-chosen keys cannot grow it."""
+    skip the hash. Bounded in entries and in their size, so attacker-chosen keys
+    cannot grow it."""
     value = _DIGESTS.get(key)
     if value is None:
         value = _blake2b(key)
-        _remember(_DIGESTS, key, value)
+        if len(key) <= _MEMO_KEY_MAX:
+            _remember(_DIGESTS, key, value)
     return value
 
 
@@ -165,7 +170,9 @@ def _blake2b(key: str) -> str:
 
 _ELEMENT = re.compile(r'(?:[^,"]|"(?:[^"\\]|\\.)*")+')
 #: One ``name=value`` pair of a Forwarded element; the value a token or a quoted-string.
-_PAIR = re.compile(r'\s*([^=;"\s]+)\s*=\s*("(?:[^"\\]|\\.)*"|[^;"]*?)\s*(?:;|$)')
+#: The value is taken greedily and stripped in code: a lazy value before ``\s*`` made a
+#: long run of spaces not followed by ``;`` cost quadratic time (12 KB: 1.3 s).
+_PAIR = re.compile(r'\s*([^=;"\s]+)\s*=\s*("(?:[^"\\]|\\.)*"\s*|[^;"]*)(?:;|$)')
 
 
 def _parse_node(token: str) -> IPv4Address | IPv6Address | None:
@@ -203,7 +210,7 @@ def _for_node(element: str) -> str:
         if pair.group(1).lower() == "for":
             if found is not None:
                 return ""  # RFC 7239: a parameter occurs at most once per element
-            found = pair.group(2)
+            found = pair.group(2).strip()
         position = pair.end()
     return found or ""
 
@@ -544,10 +551,13 @@ def route(templates: Iterable[str] = ()) -> Key:
             path,
             scope.get("root_path", ""),
         )
-        try:
-            template = lookup(*args)
-        except TypeError:  # an unhashable app object: no cache
+        if len(path) > _MEMO_KEY_MAX:  # an attacker-sized path: not kept in the cache
             template = lookup.__wrapped__(*args)
+        else:
+            try:
+                template = lookup(*args)
+            except TypeError:  # an unhashable app object: no cache
+                template = lookup.__wrapped__(*args)
         return f"route:{method} {template}"
 
     return Key(by_route, f"route({[t for t, _ in patterns]!r})" if patterns else "route()")

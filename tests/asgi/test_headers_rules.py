@@ -318,3 +318,72 @@ async def test_patterns_match_the_path_under_the_root_path() -> None:
     timed = TimeoutMiddleware(slow_stream, seconds=0.01, rules=[Rule("/events", seconds=None)])
     result = await call(timed, http_scope("/v2/events", root_path="/v2"))
     assert result.body == b"xxx"
+
+
+def _starlette_routes_to(template: str, path: str) -> bool:
+    """Whether Starlette routes ``path`` to a route of ``template``."""
+    from starlette.routing import Match, Route
+
+    route = Route(template, lambda request: None)
+    return route.matches({"type": "http", "path": path, "method": "GET"})[0] is Match.FULL
+
+
+@pytest.mark.parametrize(
+    ("rule", "template", "path"),
+    [
+        ("/login", "/login", "/login\n"),
+        ("/admin/*", "/admin/{name}", "/admin/a\nb"),
+        ("/admin/*", "/admin/{name}", "/admin/x\n"),
+        ("/items/{id:int}", "/items/{id:int}", "/items/7\n"),
+    ],
+)
+def test_a_request_starlette_routes_to_a_rules_endpoint_meets_the_rule(
+    rule: str, template: str, path: str
+) -> None:
+    """Starlette's route regexes end in ``$`` (which matches before a final newline) and
+    its segments take newlines: ``POST /login%0A`` reaches the /login endpoint. The
+    rule must match it too (it fell back to the default limit)."""
+    assert _starlette_routes_to(template, path)
+    matcher = Matcher([Rule(rule, cost=5)], allowed={"cost"}, owner="Test")
+    assert matcher.match(http_scope(path)) is not None
+
+
+def test_a_get_rule_covers_head() -> None:
+    """Starlette answers HEAD with the GET endpoint: a GET rule limits HEAD too (HEAD
+    ran the endpoint under the default limit)."""
+    matcher = Matcher([Rule("/search", methods=["GET"], cost=5)], allowed={"cost"}, owner="T")
+    assert matcher.match(http_scope("/search", method="HEAD")) is not None
+    assert matcher.match(http_scope("/search", method="POST")) is None
+
+
+glob_text = st.text(alphabet="ab/*\n", max_size=8).map(lambda t: "/" + t)
+paths = st.text(alphabet="ab/\n", max_size=12).map(lambda t: "/" + t)
+
+
+def _glob_matches(pattern: str, path: str) -> bool:
+    """The reference: ``*`` is any text (newlines too), everything else literal."""
+    if not pattern:
+        return not path
+    if pattern[0] == "*":
+        return any(_glob_matches(pattern[1:], path[i:]) for i in range(len(path) + 1))
+    return bool(path) and path[0] == pattern[0] and _glob_matches(pattern[1:], path[1:])
+
+
+@given(pattern=glob_text, path=paths)
+def test_globs_match_exactly_what_a_star_means(pattern: str, path: str) -> None:
+    """The linear-time glob regex (atomic groups) matches exactly the paths the
+    definition of ``*`` does."""
+    assert (compile_pattern(pattern).fullmatch(path) is not None) == _glob_matches(pattern, path)
+
+
+def test_many_stars_against_a_long_path_take_linear_time() -> None:
+    """``/a/*/b/*/c/*/d`` against a 24 KB path built to make ``.*`` backtrack: it held
+    the event loop 5 s at 6 KB (polynomial in the length); now it is one pass. The
+    bound is loose on purpose: a few milliseconds against the minutes it took."""
+    import time
+
+    pattern = compile_pattern("/a/*/b/*/c/*/d")
+    path = "/a/" + "/b//c/" * 4000 + "x"
+    started = time.perf_counter()
+    assert pattern.fullmatch(path) is None
+    assert time.perf_counter() - started < 2.0
