@@ -91,7 +91,11 @@ def _as_key(func: KeyFunction) -> Key:
     if not callable(func):
         raise ConfigurationError(f"key must be a key function (scope -> str | None), got {func!r}")
     check_key_function("key", func)  # a coroutine per request would be no key at all
-    return Key(func, getattr(func, "__name__", repr(func)))
+    try:
+        name = str(getattr(func, "__name__", None) or repr(func))
+    except Exception:  # a proxy whose attributes misbehave
+        name = type(func).__name__
+    return Key(func, name)
 
 
 _DIGESTS: dict[str, str] = {}
@@ -168,7 +172,9 @@ def _blake2b(key: str) -> str:
 
 # -- client_ip ---------------------------------------------------------------------------
 
-_ELEMENT = re.compile(r'(?:[^,"]|"(?:[^"\\]|\\.)*")+')
+#: An unclosed quoted string runs to the end (the element then fails to parse): a run
+#: of escaped quotes without its closing quote made every quote rescan the rest.
+_ELEMENT = re.compile(r'(?:[^,"]|"(?:[^"\\]|\\.)*(?:"|\Z))+')
 #: One ``name=value`` pair of a Forwarded element; the value a token or a quoted-string.
 #: The value is taken greedily and stripped in code: a lazy value before ``\s*`` made a
 #: long run of spaces not followed by ``;`` cost quadratic time (12 KB: 1.3 s).
@@ -543,6 +549,8 @@ def route(templates: Iterable[str] = ()) -> Key:
 
     def by_route(scope: Scope) -> str | None:
         method = scope.get("method", "")
+        if method == "HEAD":  # answered by the GET endpoint: the same endpoint's key
+            method = "GET"
         path = scope.get("path", "")
         args = (
             scope.get("app"),

@@ -80,10 +80,6 @@ def route_path(scope: Scope) -> str:
         '/items/1'
     """
     path: str = scope.get("path", "")
-    if path.endswith("\n"):
-        # Starlette's route regexes end in "$", which also matches before one final
-        # newline: "/login%0A" reaches the /login endpoint, and must meet its rules.
-        path = path[:-1]
     root: str = scope.get("root_path", "")
     if root and path.startswith(root):
         rest = path[len(root) :]
@@ -114,18 +110,42 @@ def compile_pattern(pattern: str | re.Pattern[str]) -> re.Pattern[str]:
         raise ConfigurationError(f"unbalanced braces in the path pattern {pattern!r}")
     out: list[str] = []
     position = 0
+    # Unbounded parts (a "*", a {name:path}) with a parameter between them backtrack
+    # into each other: matching would be polynomial in an attacker's path length.
+    unbounded_before = False
     for match in _PARAM.finditer(pattern):
-        out.append(_glob(pattern[position : match.start()]))
+        glob = pattern[position : match.start()]
+        if unbounded_before and "*" in glob:
+            raise _polynomial(pattern)
+        unbounded_before = unbounded_before or "*" in glob
+        out.append(_glob(glob))
         convertor = match.group(2) or "str"
         if convertor not in _CONVERTORS:
             raise ConfigurationError(
                 f"unknown path convertor {convertor!r} in {pattern!r}; "
                 f"use one of {', '.join(_CONVERTORS)}"
             )
+        if convertor == "path":
+            if unbounded_before:
+                raise _polynomial(pattern)
+            unbounded_before = True
         out.append(_CONVERTORS[convertor])
         position = match.end()
+    if unbounded_before and "*" in pattern[position:]:
+        raise _polynomial(pattern)
     out.append(_glob(pattern[position:]))
-    return re.compile("".join(out))
+    # "\n?": Starlette's route regexes end in "$", which also matches before one final
+    # newline, so "/login%0A" reaches the /login endpoint and must meet its rules.
+    return re.compile("(?:" + "".join(out) + ")\n?")
+
+
+def _polynomial(pattern: str) -> ConfigurationError:
+    return ConfigurationError(
+        f"the path pattern {pattern!r} has unbounded parts ('*' or {{name:path}}) apart "
+        f"from each other (stars in one run of text between parameters are fine): "
+        f"matching it could take time polynomial in the path length, which any client "
+        f"chooses. Use one '*' there, or a compiled re.Pattern if you accept that cost"
+    )
 
 
 def _glob(text: str) -> str:
@@ -277,7 +297,10 @@ class Matcher:
         method = scope.get("method", "GET")
         path = route_path(scope)
         best: tuple[int, Rule] | None = None
-        for index, rule, methods in self._exact.get(path, ()):
+        exact = self._exact.get(path, ())
+        if path.endswith("\n"):  # "$" in Starlette: "/login\n" is routed to /login
+            exact = sorted([*exact, *self._exact.get(path[:-1], ())])
+        for index, rule, methods in exact:
             if kind in rule.scopes and (methods is None or method in methods):
                 best = (index, rule)
                 break
@@ -312,10 +335,12 @@ def path_predicate(
                 f"an exempt path must start with '/', got {path!r} (did you mean {'/' + path!r}?)"
             )
     compiled = [compile_pattern(p) for p in patterns if not _is_literal(p)]
-    if not compiled:
-        return exact.__contains__
 
     def matches(path: str) -> bool:
-        return path in exact or any(p.fullmatch(path) is not None for p in compiled)
+        return (
+            path in exact
+            or (path.endswith("\n") and path[:-1] in exact)  # Starlette's "$"
+            or any(p.fullmatch(path) is not None for p in compiled)
+        )
 
     return matches

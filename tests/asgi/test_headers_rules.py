@@ -335,6 +335,8 @@ def _starlette_routes_to(template: str, path: str) -> bool:
         ("/admin/*", "/admin/{name}", "/admin/a\nb"),
         ("/admin/*", "/admin/{name}", "/admin/x\n"),
         ("/items/{id:int}", "/items/{id:int}", "/items/7\n"),
+        ("/users/{name}", "/users/{name}", "/users/\n"),
+        ("/users/{name}", "/users/{name}", "/users/\n\n"),
     ],
 )
 def test_a_request_starlette_routes_to_a_rules_endpoint_meets_the_rule(
@@ -346,6 +348,35 @@ def test_a_request_starlette_routes_to_a_rules_endpoint_meets_the_rule(
     assert _starlette_routes_to(template, path)
     matcher = Matcher([Rule(rule, cost=5)], allowed={"cost"}, owner="Test")
     assert matcher.match(http_scope(path)) is not None
+    exempt = path_predicate([rule])
+    assert exempt is not None
+    assert exempt(path)
+
+
+@pytest.mark.parametrize(
+    ("template", "path"),
+    [("/users/{name}", "/users/"), ("/login", "/login\n\n"), ("/a/{n:int}", "/a/7\nx")],
+)
+def test_a_request_starlette_routes_elsewhere_does_not_meet_the_rule(
+    template: str, path: str
+) -> None:
+    """Matching follows Starlette both ways: no rule for a path its route rejects."""
+    assert not _starlette_routes_to(template, path)
+    matcher = Matcher([Rule(template, cost=5)], allowed={"cost"}, owner="Test")
+    assert matcher.match(http_scope(path)) is None
+
+
+@pytest.mark.parametrize(
+    "pattern", ["/*/{id}/*", "/*/{id}/*/{sub}/*.json", "/{a:path}/x/*", "/*/{rest:path}"]
+)
+def test_unbounded_parts_apart_from_each_other_are_refused(pattern: str) -> None:
+    """Stars (or ``{name:path}``) with other parts between them backtrack into each
+    other: ``/*/{id}/*/{sub}/*.json`` took 1.7 s against a 4 KB path, growing with its
+    cube. Such a pattern is refused when built; stars in one run of text are fine."""
+    with pytest.raises(ConfigurationError, match="polynomial"):
+        compile_pattern(pattern)
+    assert compile_pattern("/a/*/b/*/c").fullmatch("/a/x/b/y/c")
+    assert compile_pattern("/users/{id}/*").fullmatch("/users/7/posts/1")
 
 
 def test_a_get_rule_covers_head() -> None:
@@ -372,8 +403,12 @@ def _glob_matches(pattern: str, path: str) -> bool:
 @given(pattern=glob_text, path=paths)
 def test_globs_match_exactly_what_a_star_means(pattern: str, path: str) -> None:
     """The linear-time glob regex (atomic groups) matches exactly the paths the
-    definition of ``*`` does."""
-    assert (compile_pattern(pattern).fullmatch(path) is not None) == _glob_matches(pattern, path)
+    definition of ``*`` does, and like Starlette's ``$`` a path with one final newline
+    more."""
+    expected = _glob_matches(pattern, path) or (
+        path.endswith("\n") and _glob_matches(pattern, path[:-1])
+    )
+    assert (compile_pattern(pattern).fullmatch(path) is not None) == expected
 
 
 def test_many_stars_against_a_long_path_take_linear_time() -> None:

@@ -458,10 +458,16 @@ def test_a_forwarded_header_built_to_backtrack_is_read_in_linear_time() -> None:
     import time
 
     key = client_ip(trusted_proxies=["10.0.0.0/8"], header="forwarded")
-    value = "for=1.2.3.4" + " " * 96_000 + 'x", for=203.0.113.9'
+    value = "for=1.2.3.4" + " " * 96_000 + "x, for=203.0.113.9"
     scope = http_scope(client=("10.0.0.1", 1), headers=[("forwarded", value)])
     started = time.perf_counter()
     assert key(scope) == "ip:203.0.113.9"
+    # Escaped quotes with no closing quote made every quote rescan the rest (16 KB:
+    # 2.3 s). An unclosed quoted string runs to the end: that element does not parse,
+    # so no address past the trusted proxy is believed.
+    value = 'for="' + '\\"' * 48_000 + ", for=198.51.100.7"
+    scope = http_scope(client=("10.0.0.1", 1), headers=[("forwarded", value)])
+    assert key(scope) == "ip:10.0.0.1"
     assert time.perf_counter() - started < 2.0  # loose: minutes before, milliseconds now
     padded = 'for = "[2001:db8::1]:80"  ;proto=https, for=192.0.2.60  '
     scope = http_scope(client=("10.0.0.1", 1), headers=[("forwarded", padded)])
@@ -483,3 +489,34 @@ def test_long_keys_and_paths_are_not_memoised() -> None:
     long_path = "/items/" + "x" * 16_384 + "/y"
     assert by_route(http_scope(long_path)) == "route:GET <unmatched>"
     assert by_route(http_scope("/items/7")) == "route:GET /items/{id}"
+
+
+def test_head_is_keyed_as_the_get_endpoint_it_runs() -> None:
+    """``route()`` keys HEAD as GET: Starlette answers HEAD with the GET endpoint, so a
+    HEAD request must spend that endpoint's quota (it had a bucket of its own, which
+    doubled it)."""
+    by_route = route(["/report"])
+    assert by_route(http_scope("/report", method="HEAD")) == by_route(http_scope("/report"))
+
+
+class LazyKey:
+    """A sync key object whose attribute lookups raise (an unbound LocalProxy)."""
+
+    def __call__(self, scope: Any) -> str:
+        return "k"
+
+    def __getattr__(self, name: str) -> Any:
+        raise RuntimeError(f"not bound yet ({name})")
+
+
+def test_a_key_object_with_misbehaving_attributes_works_in_the_middlewares() -> None:
+    """The key's display name falls back to its type when reading ``__name__`` raises
+    (building the middleware raised the proxy's RuntimeError)."""
+    from resilience.asgi import ConcurrencyLimitMiddleware, RateLimitMiddleware, Rule
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        pass
+
+    RateLimitMiddleware(app, limiter=rs.RateLimiter("1/min"), key=LazyKey())
+    ConcurrencyLimitMiddleware(app, bulkhead=rs.Bulkhead(1), key=LazyKey())
+    RateLimitMiddleware(app, limiter=rs.RateLimiter("1/min"), rules=[Rule("/x", key=LazyKey())])
