@@ -336,11 +336,14 @@ def path_predicate(
             )
     compiled = [compile_pattern(p) for p in patterns if not _is_literal(p)]
 
+    def is_exact(path: str) -> bool:
+        # Starlette's "$" also matches before one final newline
+        return path in exact or (path[-1:] == "\n" and path[:-1] in exact)
+
+    if not compiled:
+        return is_exact
+
     def matches(path: str) -> bool:
-        return (
-            path in exact
-            or (path.endswith("\n") and path[:-1] in exact)  # Starlette's "$"
-            or any(p.fullmatch(path) is not None for p in compiled)
-        )
+        return is_exact(path) or any(p.fullmatch(path) is not None for p in compiled)
 
     return matches

@@ -462,12 +462,13 @@ def test_a_forwarded_header_built_to_backtrack_is_read_in_linear_time() -> None:
     scope = http_scope(client=("10.0.0.1", 1), headers=[("forwarded", value)])
     started = time.perf_counter()
     assert key(scope) == "ip:203.0.113.9"
-    # Escaped quotes with no closing quote made every quote rescan the rest (16 KB:
-    # 2.3 s). An unclosed quoted string runs to the end: that element does not parse,
-    # so no address past the trusted proxy is believed.
-    value = 'for="' + '\\"' * 48_000 + ", for=198.51.100.7"
-    scope = http_scope(client=("10.0.0.1", 1), headers=[("forwarded", value)])
-    assert key(scope) == "ip:10.0.0.1"
+    # Escaped quotes with no closing quote, or ending in a lone backslash, made every
+    # quote rescan the rest (16 KB: 2.3 s and 4 s). A quote left open makes only its
+    # own element unreadable: the element the proxy appended after it is read.
+    for garbage in ('for="' + '\\"' * 48_000, '"\\' * 48_000):
+        value = garbage + ", for=198.51.100.7"
+        scope = http_scope(client=("10.0.0.1", 1), headers=[("forwarded", value)])
+        assert key(scope) == "ip:198.51.100.7"
     assert time.perf_counter() - started < 2.0  # loose: minutes before, milliseconds now
     padded = 'for = "[2001:db8::1]:80"  ;proto=https, for=192.0.2.60  '
     scope = http_scope(client=("10.0.0.1", 1), headers=[("forwarded", padded)])
@@ -520,3 +521,35 @@ def test_a_key_object_with_misbehaving_attributes_works_in_the_middlewares() -> 
     RateLimitMiddleware(app, limiter=rs.RateLimiter("1/min"), key=LazyKey())
     ConcurrencyLimitMiddleware(app, bulkhead=rs.Bulkhead(1), key=LazyKey())
     RateLimitMiddleware(app, limiter=rs.RateLimiter("1/min"), rules=[Rule("/x", key=LazyKey())])
+
+
+def test_a_quote_a_client_left_open_does_not_swallow_the_proxys_element() -> None:
+    """``Forwarded: for="`` from a client, then the proxy's ``, for=<client>``: the
+    client is keyed by the address the proxy wrote (an unclosed quote swallowed the
+    proxy's element, and the client joined the proxy's shared bucket at will). A
+    quoted comma inside a closed string stays in its element."""
+    key = client_ip(trusted_proxies=[PROXY], header="forwarded")
+    for sent in ('for="x', 'for="x, for="y', 'host="a,b";for=1.2.3.4'):
+        value = f"{sent}, for=203.0.113.7"
+        scope = http_scope(client=(PROXY, 1), headers=[("forwarded", value)])
+        assert key(scope) == "ip:203.0.113.7"
+    quoted = 'for="[2001:db8::1]:80", for=192.0.2.43'
+    scope = http_scope(client=(PROXY, 1), headers=[("forwarded", quoted)])
+    assert key(scope) == "ip:192.0.2.43"
+
+
+def test_head_to_a_head_only_route_keeps_that_routes_key() -> None:
+    """HEAD is keyed as GET only where a GET endpoint answers it: a HEAD-only route
+    (a health probe) keeps its own key, not the ``<unmatched>`` one every scanner's
+    404 shares."""
+    from starlette.applications import Starlette
+    from starlette.responses import Response
+    from starlette.routing import Route
+
+    async def ok(request: Any) -> Response:
+        return Response("")
+
+    app = Starlette(routes=[Route("/healthz", ok, methods=["HEAD"]), Route("/items/{id}", ok)])
+    by_route = route()
+    assert by_route(http_scope("/healthz", method="HEAD", app=app)) == "route:HEAD /healthz"
+    assert by_route(http_scope("/items/1", method="HEAD", app=app)) == "route:GET /items/{id}"
