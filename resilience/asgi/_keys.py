@@ -228,22 +228,26 @@ def _elements(value: str) -> list[str]:
     """The comma-separated elements of a ``Forwarded`` field value, commas inside
     quoted strings kept, in time linear in the value.
 
-    A quote left open (a client's ``for="``) makes only its own element unreadable,
-    up to the next comma: the elements after it, which the proxies appended, are read
-    as written. Where each quoted string starting at ``i`` ends is computed once, from
-    the right (``ends[i]``), so no quote rescans the rest of the value (a run of
-    escaped quotes without its closing quote cost quadratic time).
+    A quote a client leaves open (``for="``) makes the text up to the first comma after
+    which the rest of the value pairs its quotes one unreadable element: the elements
+    the proxies appended after it (well-formed, quoted IPv6 nodes too) are read as
+    written. Where each quoted string from ``i`` ends (``ends``) and whether the value
+    from ``p`` on closes every string it opens (``clean``) are computed once, from the
+    right, so no quote rescans the rest of the value (a run of escaped quotes without
+    its closing quote cost quadratic time).
     """
     n = len(value)
     ends: list[int] = [-1] * (n + 2)  # ends[i]: the closing quote of a string from i
+    clean: list[bool] = [True] * (n + 2)  # clean[p]: value[p:] closes every string
     for i in range(n - 1, -1, -1):
         char = value[i]
         if char == '"':
             ends[i] = i
-        elif char == "\\":
-            ends[i] = ends[i + 2]
+            end = ends[i + 1]
+            clean[i] = end >= 0 and clean[end + 1]
         else:
-            ends[i] = ends[i + 1]
+            ends[i] = ends[i + 2] if char == "\\" else ends[i + 1]
+            clean[i] = clean[i + 1]
     elements: list[str] = []
     start = i = 0
     while i < n:
@@ -252,11 +256,14 @@ def _elements(value: str) -> list[str]:
             elements.append(value[start:i])
             start = i = i + 1
         elif char == '"':
-            end = ends[i + 1]
-            if end >= 0:
-                i = end + 1
+            if clean[i]:
+                i = ends[i + 1] + 1
                 continue
-            comma = value.find(",", i + 1)  # unclosed: this element is unreadable
+            # The quote left open: resume after the first comma the rest is clean from
+            # (at most once: from there on every quote closes).
+            comma = value.find(",", i + 1)
+            while comma >= 0 and not clean[comma + 1]:
+                comma = value.find(",", comma + 1)
             if comma < 0:
                 break
             elements.append(value[start:comma])

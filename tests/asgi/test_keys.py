@@ -529,10 +529,15 @@ def test_a_quote_a_client_left_open_does_not_swallow_the_proxys_element() -> Non
     proxy's element, and the client joined the proxy's shared bucket at will). A
     quoted comma inside a closed string stays in its element."""
     key = client_ip(trusted_proxies=[PROXY], header="forwarded")
-    for sent in ('for="x', 'for="x, for="y', 'host="a,b";for=1.2.3.4'):
-        value = f"{sent}, for=203.0.113.7"
-        scope = http_scope(client=(PROXY, 1), headers=[("forwarded", value)])
-        assert key(scope) == "ip:203.0.113.7"
+    for sent in ('for="x', 'for="x, for="y', 'host="a,b";for=1.2.3.4', '"', 'x="'):
+        for appended, client in (
+            ("for=203.0.113.7", "ip:203.0.113.7"),
+            ('for="[2001:db8::7]:4711"', "ip:2001:db8::7"),  # RFC 7239's quoted form
+            ('for="203.0.113.7:4711"', "ip:203.0.113.7"),
+        ):
+            value = f"{sent}, {appended}"
+            scope = http_scope(client=(PROXY, 1), headers=[("forwarded", value)])
+            assert key(scope) == client, value
     quoted = 'for="[2001:db8::1]:80", for=192.0.2.43'
     scope = http_scope(client=(PROXY, 1), headers=[("forwarded", quoted)])
     assert key(scope) == "ip:192.0.2.43"
