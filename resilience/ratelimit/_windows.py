@@ -190,6 +190,9 @@ class WindowBuckets:
                 "retry": Retry(NoBackoff(), 0),
                 **backend._client_options,
             }
+            if url.startswith("rediss://"):  # TLS, as the backend's own client reads it
+                options.setdefault("ssl", True)
+                url = "redis://" + url[len("rediss://") :]
             storage = limits.storage.RedisClusterStorage(
                 url.replace("redis://", "redis+cluster://", 1),
                 key_prefix=backend.prefix,

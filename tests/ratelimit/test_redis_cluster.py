@@ -217,3 +217,29 @@ def test_the_first_async_decisions_on_a_new_loop_reach_the_cluster(
     outcomes = [allowed for _ in range(3) for allowed in asyncio.run(two_decisions())]
     assert outcomes == [True, True, True, False, False, False]  # one shared bucket
     assert limiter.statistics().backend_errors == 0
+
+
+def test_a_tls_cluster_url_gives_the_window_client_tls(
+    backend: RedisBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``rediss://`` means TLS to the backend's own cluster client (redis-py reads the
+    scheme); limits' cluster storage does not, so the window client is told so (it
+    connected in plain text, sending the password with it)."""
+    import limits.storage
+
+    seen: dict[str, Any] = {}
+
+    class Built(Exception):
+        pass
+
+    def storage(uri: str, **options: Any) -> None:
+        seen.update(options, uri=uri)
+        raise Built
+
+    monkeypatch.setattr(limits.storage, "RedisClusterStorage", storage)
+    assert backend._url is not None
+    monkeypatch.setattr(backend, "_url", backend._url.replace("redis://", "rediss://", 1))
+    with pytest.raises(Built):
+        rs.RateLimiter("2/min", backend=backend, algorithm="fixed-window", name="tls")
+    assert seen["ssl"] is True
+    assert seen["uri"].startswith("redis+cluster://")
