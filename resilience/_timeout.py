@@ -268,24 +268,26 @@ class Timeout(PolicyBase, ResilienceError, TimeoutError):
         if seconds <= 0:
             raise self._error(self.seconds, spent=True)
         clock = self._clock
+        entered, token = _deadline.push(seconds, clock)
         # The limit on this policy's own clock: the deadline entered may be an outer,
         # sooner one on another clock (a FakeClock Retry around a system-clock Timeout).
-        ends = clock.monotonic() + seconds
-        entered, token = _deadline.push(seconds, clock)
+        same = entered.clock is clock
+        ends = entered.at if same else clock.monotonic() + seconds
         try:
             result = fn(*args, **kwargs)
         finally:
             _deadline.pop(token)
-        if clock.monotonic() >= ends or entered.remaining() <= 0:  # at the limit: cut
-            raise self._error(seconds)
+        if clock.monotonic() >= ends or (not same and entered.remaining() <= 0):
+            raise self._error(seconds)  # at the limit: cut, as async is
         return result
 
     def __enter__(self) -> Timeout:
         seconds = self._budget()
         if seconds <= 0:
             raise self._error(self.seconds, spent=True)
-        ends = self._clock.monotonic() + seconds  # on this clock, as in call()
         entered, token = _deadline.push(seconds, self._clock)
+        same = entered.clock is self._clock  # else ends on this clock, as in call()
+        ends = entered.at if same else self._clock.monotonic() + seconds
         state = [entered, token, seconds, ends]
         state.append(_ENTERED.set(state))
         return self
@@ -301,7 +303,10 @@ class Timeout(PolicyBase, ResilienceError, TimeoutError):
         entered, token, seconds, ends, own = state
         _ENTERED.reset(own)
         _deadline.pop(token)
-        if exc_type is None and (self._clock.monotonic() >= ends or entered.remaining() <= 0):
+        if exc_type is None and (
+            self._clock.monotonic() >= ends
+            or (entered.clock is not self._clock and entered.remaining() <= 0)
+        ):
             raise self._error(seconds)
 
     # -- async ------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from typing import Any
 import anyio
 import httpx
 
-from .._deadline import Deadline
+from .._deadline import current_deadline
 from ..bulkhead import LeaseLost
 from ._signals import SIGNAL_FIELDS
 
@@ -63,19 +63,20 @@ class HeldStream(httpx.SyncByteStream, httpx.AsyncByteStream):
 
 
 class DeadlineStream(httpx.SyncByteStream, httpx.AsyncByteStream):
-    """A response body read under a deadline: once the deadline has passed, the next
-    chunk raises ``httpx.ReadTimeout`` instead of arriving.
+    """A response body that was received under a deadline: read under one still, the
+    chunk that arrives after it raises ``httpx.ReadTimeout`` instead.
 
     The attempt's socket timeouts were cut to the time left when it was sent, but they
     bound each read, not the body: a server trickling a byte at a time would keep the
-    reader past its deadline without end. This bounds the overrun to one read.
+    reader past its deadline without end. This bounds the overrun to one read. The
+    deadline is the reader's own (the one current where each chunk is read): a body
+    read after its code left the deadline's block is read as before.
 
-    Example: ``response.stream = DeadlineStream(response.stream, deadline, request)``
+    Example: ``response.stream = DeadlineStream(response.stream, request)``
     """
 
-    def __init__(self, stream: Any, deadline: Deadline, request: httpx.Request) -> None:
+    def __init__(self, stream: Any, request: httpx.Request) -> None:
         self._stream = stream
-        self._deadline = deadline
         self._request = request
 
     def _overrun(self) -> httpx.ReadTimeout:
@@ -84,16 +85,16 @@ class DeadlineStream(httpx.SyncByteStream, httpx.AsyncByteStream):
         )
 
     def __iter__(self) -> Iterator[bytes]:
-        deadline = self._deadline
         for chunk in self._stream:
-            if deadline.remaining() <= 0:
+            deadline = current_deadline()
+            if deadline is not None and deadline.remaining() <= 0:
                 raise self._overrun()
             yield chunk
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
-        deadline = self._deadline
         async for chunk in self._stream:
-            if deadline.remaining() <= 0:
+            deadline = current_deadline()
+            if deadline is not None and deadline.remaining() <= 0:
                 raise self._overrun()
             yield chunk
 

@@ -454,10 +454,8 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observab
                                 policy=self.name, key=str(host.key), seconds=pause, reason=reason
                             )
                         )
-        if not response.is_closed:
-            deadline = _deadline.current_deadline()
-            if deadline is not None:
-                response.stream = DeadlineStream(response.stream, deadline, request)
+        if not response.is_closed and _deadline.current_deadline() is not None:
+            response.stream = DeadlineStream(response.stream, request)
         if slot is not None:
             if response.is_closed:  # already read (a canned response): nothing to stream
                 release_slot(slot)

@@ -117,6 +117,12 @@ def compile_pattern(pattern: str | re.Pattern[str]) -> re.Pattern[str]:
         glob = pattern[position : match.start()]
         if unbounded_before and "*" in glob:
             raise _polynomial(pattern)
+        if "*" in glob and "/" not in glob[glob.rindex("*") :]:
+            # "*.{ext}": the star and the parameter share a segment and take turns
+            # over it (quadratic); "/*/{name}" is linear, a "/" parts them.
+            raise _polynomial(pattern)
+        if position and "*" in glob and "/" not in glob[: glob.index("*")]:
+            raise _polynomial(pattern)  # "{id}*": the same, the other way round
         unbounded_before = unbounded_before or "*" in glob
         out.append(_glob(glob))
         convertor = match.group(2) or "str"
@@ -131,7 +137,8 @@ def compile_pattern(pattern: str | re.Pattern[str]) -> re.Pattern[str]:
             unbounded_before = True
         out.append(_CONVERTORS[convertor])
         position = match.end()
-    if unbounded_before and "*" in pattern[position:]:
+    tail = pattern[position:]
+    if "*" in tail and (unbounded_before or (position and "/" not in tail[: tail.index("*")])):
         raise _polynomial(pattern)
     out.append(_glob(pattern[position:]))
     # "\n?": Starlette's route regexes end in "$", which also matches before one final
@@ -142,9 +149,10 @@ def compile_pattern(pattern: str | re.Pattern[str]) -> re.Pattern[str]:
 def _polynomial(pattern: str) -> ConfigurationError:
     return ConfigurationError(
         f"the path pattern {pattern!r} has unbounded parts ('*' or {{name:path}}) apart "
-        f"from each other (stars in one run of text between parameters are fine): "
-        f"matching it could take time polynomial in the path length, which any client "
-        f"chooses. Use one '*' there, or a compiled re.Pattern if you accept that cost"
+        f"from each other, or a '*' in a parameter's segment (stars in one run of text "
+        f"between parameters are fine, and so is '/*/{{name}}'): matching it could take "
+        f"time polynomial in the path length, which any client chooses. Use one '*' "
+        f"there, or a compiled re.Pattern if you accept that cost"
     )
 
 
@@ -335,15 +343,12 @@ def path_predicate(
                 f"an exempt path must start with '/', got {path!r} (did you mean {'/' + path!r}?)"
             )
     compiled = [compile_pattern(p) for p in patterns if not _is_literal(p)]
-
-    def is_exact(path: str) -> bool:
-        # Starlette's "$" also matches before one final newline
-        return path in exact or (path[-1:] == "\n" and path[:-1] in exact)
-
+    # Starlette's "$" also matches before one final newline: so does the set.
+    exact = exact | {path + "\n" for path in exact}
     if not compiled:
-        return is_exact
+        return exact.__contains__
 
     def matches(path: str) -> bool:
-        return is_exact(path) or any(p.fullmatch(path) is not None for p in compiled)
+        return path in exact or any(p.fullmatch(path) is not None for p in compiled)
 
     return matches

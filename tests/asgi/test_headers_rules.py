@@ -367,16 +367,28 @@ def test_a_request_starlette_routes_elsewhere_does_not_meet_the_rule(
 
 
 @pytest.mark.parametrize(
-    "pattern", ["/*/{id}/*", "/*/{id}/*/{sub}/*.json", "/{a:path}/x/*", "/*/{rest:path}"]
+    "pattern",
+    [
+        "/*/{id}/*",
+        "/*/{id}/*/{sub}/*.json",
+        "/{a:path}/x/*",
+        "/*/{rest:path}",
+        "/static/*.{ext}",
+        "/x/*{id}",
+        "/files/*-{id}.json",
+        "/{id}*",
+    ],
 )
 def test_unbounded_parts_apart_from_each_other_are_refused(pattern: str) -> None:
     """Stars (or ``{name:path}``) with other parts between them backtrack into each
     other: ``/*/{id}/*/{sub}/*.json`` took 1.7 s against a 4 KB path, growing with its
-    cube. Such a pattern is refused when built; stars in one run of text are fine."""
+    cube; a star in a parameter's segment (``/static/*.{ext}``) took 0.6 s at 8 KB.
+    Such a pattern is refused when built; stars in one run of text are fine."""
     with pytest.raises(ConfigurationError, match="polynomial"):
         compile_pattern(pattern)
     assert compile_pattern("/a/*/b/*/c").fullmatch("/a/x/b/y/c")
     assert compile_pattern("/users/{id}/*").fullmatch("/users/7/posts/1")
+    assert compile_pattern("/static/*/{name}.css").fullmatch("/static/a/b/site.css")
 
 
 def test_a_get_rule_covers_head() -> None:

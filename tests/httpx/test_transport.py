@@ -607,6 +607,21 @@ def test_a_body_trickling_past_the_deadline_is_cut(send: Send, fake_clock: FakeC
         assert send(t, "GET", A).content == b"y" * 10
 
 
+def test_a_body_read_after_leaving_its_deadline_is_read_whole(fake_clock: FakeClock) -> None:
+    """The deadline a body is held to is its reader's: a response received under
+    ``rs.deadline`` (or returned by a ``@rs.Timeout`` function) and read after the
+    block is read whole, as before the trickle fix."""
+    t = ResilientTransport(
+        httpx.MockTransport(lambda request: httpx.Response(200, stream=Trickle(fake_clock, 3))),
+        clock=fake_clock,
+    )
+    with httpx.Client(transport=t) as client:
+        with rs.deadline(1.0, clock=fake_clock):
+            response = client.send(client.build_request("GET", A), stream=True)
+        fake_clock.advance(5.0)
+        assert response.read() == b"yyy"
+
+
 def test_5xx_opens_the_hosts_breaker_others_unaffected(send: Send, fake_clock: FakeClock) -> None:
     """A host answering 503s trips its own circuit; another host keeps being called."""
     breaker = CircuitBreaker(
