@@ -383,6 +383,9 @@ class Pipeline:
                     self.counts["stage_retries"] += 1
                     job.emit("stage", {"stage": stage, "status": "waiting", "retry_in": wait})
                     await asyncio.sleep(wait)
+        except asyncio.CancelledError:
+            info["status"] = "cancelled"  # a shutdown: the stored record says so
+            raise
         finally:
             self.stage_inflight[stage] -= 1
         info["status"] = "done"

@@ -459,6 +459,8 @@ def test_a_job_running_at_shutdown_is_recorded_and_found_after_a_restart(make_se
     assert response.status_code == 200
     doc = response.json()
     assert (doc["status"], doc["outcome"], doc["error"]) == ("failed", "failed", "cancelled")
+    # the stage that was downloading says so (it stayed "pending", as if never started)
+    assert doc["stages"]["video"]["status"] == "cancelled"
 
 
 def test_shutdown_ends_open_streams_with_a_shutdown_event(make_service, platforms):
