@@ -90,7 +90,27 @@ def route_path(scope: Scope) -> str:
     return path
 
 
-def compile_pattern(pattern: str | re.Pattern[str]) -> re.Pattern[str]:
+class _AsDollar:
+    """A compiled pattern a user gave, matched as Starlette's ``$`` would match it: the
+    path, or the path less one final newline (``/login%0A`` reaches /login)."""
+
+    __slots__ = ("_pattern",)
+
+    def __init__(self, pattern: re.Pattern[str]) -> None:
+        self._pattern = pattern
+
+    def fullmatch(self, path: str) -> re.Match[str] | None:
+        found = self._pattern.fullmatch(path)
+        if found is None and path[-1:] == "\n":
+            found = self._pattern.fullmatch(path[:-1])
+        return found
+
+
+#: What a path pattern compiles to: ``fullmatch(path)`` tells whether it matches.
+PathPattern = re.Pattern[str] | _AsDollar
+
+
+def compile_pattern(pattern: str | re.Pattern[str]) -> PathPattern:
     """The regular expression (for ``fullmatch``) of a path pattern.
 
     Example::
@@ -99,7 +119,7 @@ def compile_pattern(pattern: str | re.Pattern[str]) -> re.Pattern[str]:
         True
     """
     if isinstance(pattern, re.Pattern):
-        return pattern
+        return _AsDollar(pattern)
     if not isinstance(pattern, str) or not pattern:
         raise ConfigurationError(
             f"a path pattern must be a non-empty str or re.Pattern, got {pattern!r}"
@@ -280,7 +300,7 @@ class Matcher:
             raise ConfigurationError(f"{owner} rules must be a list of Rule objects, got {rules!r}")
         self.rules: tuple[Rule, ...] = tuple(given)
         self._exact: dict[str, list[tuple[int, Rule, frozenset[str] | None]]] = {}
-        self._patterns: list[tuple[int, Rule, re.Pattern[str], frozenset[str] | None]] = []
+        self._patterns: list[tuple[int, Rule, PathPattern, frozenset[str] | None]] = []
         scope_types: set[str] = set()
         for index, rule in enumerate(self.rules):
             if not isinstance(rule, Rule):

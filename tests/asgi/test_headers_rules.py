@@ -391,6 +391,20 @@ def test_unbounded_parts_apart_from_each_other_are_refused(pattern: str) -> None
     assert compile_pattern("/static/*/{name}.css").fullmatch("/static/a/b/site.css")
 
 
+def test_a_compiled_pattern_meets_a_final_newline_too() -> None:
+    """A rule or exempt entry given as a compiled ``re.Pattern`` matches the path with
+    one final newline more, as the string patterns and Starlette's ``$`` do
+    (``/api/v1/login%0A`` escaped a compiled rule and exempt entry)."""
+    login = re.compile(r"/api/v[12]/login")
+    matcher = Matcher([Rule(login, cost=5)], allowed={"cost"}, owner="Test")
+    assert matcher.match(http_scope("/api/v1/login\n")) is not None
+    assert matcher.match(http_scope("/api/v1/login\n\n")) is None
+    exempt = path_predicate([login])
+    assert exempt is not None
+    assert exempt("/api/v2/login\n")
+    assert compile_pattern(re.compile(r"(?i)/A")).fullmatch("/a\n")
+
+
 def test_a_get_rule_covers_head() -> None:
     """Starlette answers HEAD with the GET endpoint: a GET rule limits HEAD too (HEAD
     ran the endpoint under the default limit)."""
