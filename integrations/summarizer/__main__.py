@@ -13,6 +13,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -84,11 +86,29 @@ def _positive(kind: type[int] | type[float]) -> Callable[[str], Any]:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-        if not value > 0:
-            raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
+        if not value > 0 or not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"must be a finite number above 0, got {text}")
         return value
 
     return parse
+
+
+def _port(text: str) -> int:
+    """An argparse type: a TCP port, or 0 for a free one."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is 0 (any free one) to 65535, got {value}")
+    return value
+
+
+def _terminated(signum: int, frame: object) -> None:
+    # SIGTERM (timeout, kill, systemd, CI cancelling) ends the demo as Ctrl-C does:
+    # through its cleanup, which stops the upstreams, the workers and the private
+    # Redis it started in sessions of their own (they outlived it, holding their ports).
+    raise SystemExit(128 + signum)
 
 
 def _modes(text: str) -> tuple[str, ...]:
@@ -103,6 +123,8 @@ def _modes(text: str) -> tuple[str, ...]:
 
 def _demo(args: argparse.Namespace) -> int:
     from .demo import DemoOptions, run_demo
+
+    signal.signal(signal.SIGTERM, _terminated)
 
     options = DemoOptions(
         quick=args.quick,
@@ -125,7 +147,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo = commands.add_parser("demo", help="run the chaos demo and write the report")
     demo.add_argument("--quick", action="store_true", help="short phases (about 85 s in all)")
     demo.add_argument(
-        "--duration", type=_positive(float), default=None, help="seconds per resilient run"
+        "--duration", type=_positive(float), default=None, help="seconds of load per run"
     )
     demo.add_argument("--redis", default=None, help="redis://... or 'auto' (private server)")
     demo.add_argument(
@@ -143,22 +165,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         "serve",
         help="run one service worker (configuration: SUMMARIZER_CONFIG, JSON of ServiceConfig)",
     )
-    serve.add_argument("--port", type=int, default=8000, help="0: a free port (default 8000)")
+    serve.add_argument("--port", type=_port, default=8000, help="0: a free port (default 8000)")
     serve.set_defaults(func=_serve)
 
     upstreams = commands.add_parser("upstreams", help="run the simulated upstreams")
     upstreams.add_argument("--seed", type=int, default=1)
     upstreams.add_argument(
-        "--platforms-port", type=int, default=8001, help="0: a free port (default 8001)"
+        "--platforms-port", type=_port, default=8001, help="0: a free port (default 8001)"
     )
     upstreams.add_argument(
-        "--models-port", type=int, default=8002, help="0: a free port (default 8002)"
+        "--models-port", type=_port, default=8002, help="0: a free port (default 8002)"
     )
     upstreams.add_argument("--only", choices=("platforms", "models"), default=None)
     upstreams.set_defaults(func=_upstreams)
 
     args = parser.parse_args(argv)
-    return int(args.func(args))
+    try:
+        return int(args.func(args))
+    except Exception as exc:
+        # What a user got wrong or what the machine refused (a port in use, a bad
+        # SUMMARIZER_CONFIG or --redis, an unwritable --out): a message, not a traceback.
+        if not isinstance(exc, OSError | ValueError) and not _from_redis(exc):
+            raise
+        parser.exit(2, f"{parser.prog}: error: {exc}\n")
+
+
+def _from_redis(exc: BaseException) -> bool:
+    return type(exc).__module__.split(".")[0] == "redis"
 
 
 if __name__ == "__main__":

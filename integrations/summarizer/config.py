@@ -117,6 +117,11 @@ class ServiceConfig:
     def from_json(cls, text: str) -> ServiceConfig:
         """Rebuild a configuration written by :meth:`to_json`."""
         raw = json.loads(text)
+        if not isinstance(raw, dict):
+            raise ValueError(f"a service configuration is a JSON object, got {text[:80]!r}")
+        unknown = sorted(set(raw) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise ValueError(f"unknown service configuration fields: {', '.join(unknown)}")
         for name in ("platforms", "models", "domains"):
             if name in raw:
                 raw[name] = tuple(raw[name])

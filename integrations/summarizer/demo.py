@@ -284,7 +284,7 @@ def run_once(
     finally:
         for child in [*workers, *children]:
             child.stop()
-    shutil.rmtree(workdir, ignore_errors=True)
+        shutil.rmtree(workdir, ignore_errors=True)  # also when stopped or interrupted
     log = [json.loads(line) for line in events.read_text().splitlines() if line.strip()]
     return {
         "mode": mode,
