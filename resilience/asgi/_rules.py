@@ -128,24 +128,30 @@ def compile_pattern(pattern: str | re.Pattern[str]) -> PathPattern:
         raise ConfigurationError(f"a path pattern must start with '/', got {pattern!r}")
     if pattern.count("{") != pattern.count("}"):
         raise ConfigurationError(f"unbalanced braces in the path pattern {pattern!r}")
-    out: list[str] = []
+    # The runs of glob text, each with the parameter after it (None after the last).
+    pieces: list[tuple[str, str | None]] = []
     position = 0
-    # Unbounded parts (a "*", a {name:path}) with a parameter between them backtrack
-    # into each other: matching would be polynomial in an attacker's path length.
-    unbounded_before = False
     for match in _PARAM.finditer(pattern):
-        glob = pattern[position : match.start()]
-        if unbounded_before and "*" in glob:
-            raise _polynomial(pattern)
-        if "*" in glob and "/" not in glob[glob.rindex("*") :]:
-            # "*.{ext}": the star and the parameter share a segment and take turns
-            # over it (quadratic); "/*/{name}" is linear, a "/" parts them.
-            raise _polynomial(pattern)
-        if position and "*" in glob and "/" not in glob[: glob.index("*")]:
-            raise _polynomial(pattern)  # "{id}*": the same, the other way round
-        unbounded_before = unbounded_before or "*" in glob
+        pieces.append((pattern[position : match.start()], match.group(2) or "str"))
+        position = match.end()
+    pieces.append((pattern[position:], None))
+    out: list[str] = []
+    # Unbounded parts (a "*", a {name:path}) with a parameter between them backtrack
+    # into each other: matching would be polynomial in an attacker's path length. So
+    # does a star in a parameter's segment ("*.{ext}", "{id}*"): the two take turns
+    # over it. "/*/{name}" is linear, a "/" parts them.
+    unbounded_before = False
+    for index, (glob, convertor) in enumerate(pieces):
+        if "*" in glob:
+            shares_a_segment = (convertor is not None and "/" not in glob[glob.rindex("*") :]) or (
+                index > 0 and "/" not in glob[: glob.index("*")]
+            )
+            if unbounded_before or shares_a_segment:
+                raise _polynomial(pattern)
+            unbounded_before = True
         out.append(_glob(glob))
-        convertor = match.group(2) or "str"
+        if convertor is None:
+            break
         if convertor not in _CONVERTORS:
             raise ConfigurationError(
                 f"unknown path convertor {convertor!r} in {pattern!r}; "
@@ -156,11 +162,6 @@ def compile_pattern(pattern: str | re.Pattern[str]) -> PathPattern:
                 raise _polynomial(pattern)
             unbounded_before = True
         out.append(_CONVERTORS[convertor])
-        position = match.end()
-    tail = pattern[position:]
-    if "*" in tail and (unbounded_before or (position and "/" not in tail[: tail.index("*")])):
-        raise _polynomial(pattern)
-    out.append(_glob(pattern[position:]))
     # "\n?": Starlette's route regexes end in "$", which also matches before one final
     # newline, so "/login%0A" reaches the /login endpoint and must meet its rules.
     return re.compile("(?:" + "".join(out) + ")\n?")
@@ -314,7 +315,9 @@ class Matcher:
             methods = None if rule.methods is None else method_names(rule.methods)
             scope_types.update(rule.scopes)
             if _is_literal(rule.path):
-                self._exact.setdefault(str(rule.path), []).append((index, rule, methods))
+                # Starlette's "$" also matches before one final newline: so does the map.
+                for path in (str(rule.path), str(rule.path) + "\n"):
+                    self._exact.setdefault(path, []).append((index, rule, methods))
             else:
                 self._patterns.append((index, rule, compile_pattern(rule.path), methods))
         self.scope_types = frozenset(scope_types)
@@ -325,10 +328,7 @@ class Matcher:
         method = scope.get("method", "GET")
         path = route_path(scope)
         best: tuple[int, Rule] | None = None
-        exact = self._exact.get(path, ())
-        if path.endswith("\n"):  # "$" in Starlette: "/login\n" is routed to /login
-            exact = sorted([*exact, *self._exact.get(path[:-1], ())])
-        for index, rule, methods in exact:
+        for index, rule, methods in self._exact.get(path, ()):
             if kind in rule.scopes and (methods is None or method in methods):
                 best = (index, rule)
                 break
