@@ -238,7 +238,12 @@ async def test_hedging_cuts_the_p99_of_a_bimodal_host(a: LiveServer) -> None:
         hedged = await measure(hedged_transport, range(75, 125))
     assert p99(plain) >= 0.5
     assert p99(hedged) < 0.3
-    assert hedged_transport.statistics().hedge_wins >= 2
+    # Both slow requests were hedged. Which copy wins is the server's arrival order: a
+    # primary still opening its connection can reach the server after its hedge, and
+    # then the primary is the instant copy (CI saw one such win of two).
+    statistics = hedged_transport.statistics()
+    assert statistics.hedges >= 2
+    assert statistics.hedge_wins >= 1
 
 
 def test_sync_hedging_cuts_the_p99_too(a: LiveServer) -> None:
