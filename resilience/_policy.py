@@ -33,7 +33,7 @@ from typing import (
 
 from . import _deferred
 from ._clock import Clock
-from ._events import Observable
+from ._events import L, Listener, Observable
 
 if TYPE_CHECKING:
     from ._fallback import Fallback  # it widens the return type, so it is no Policy
@@ -336,9 +336,51 @@ class Pipeline(PolicyBase):
                     f"policies must implement call() and call_async(), got {policy!r}"
                 )
             flat.append(policy)
+        seen: set[int] = set()
+        for policy in flat:
+            if id(policy) in seen:
+                from .errors import ConfigurationError
+
+                # One object twice is two layers sharing one state: a bulkhead of one
+                # would wait for its own slot, a breaker would count each call twice.
+                raise ConfigurationError(
+                    f"{policy!r} appears twice in the pipeline (directly or through a "
+                    f"nested pipeline): a policy is one layer; build another one for a "
+                    f"second layer"
+                )
+            seen.add(id(policy))
         self.policies: tuple[Policy, ...] = tuple(flat)
         for message in _order_problems(self.policies):
             warnings.warn(message, PipelineOrderWarning, stacklevel=2)
+
+    def add_listener(self, listener: L) -> L:
+        """Receive the events of every policy in the pipeline; returns ``listener``.
+
+        The pipeline emits no events of its own: the listener is added to each policy
+        that takes listeners, so it also hears a policy that is shared with other code
+        when that code calls it. :meth:`remove_listener` takes it off them all.
+
+        Example::
+
+            pipeline.add_listener(lambda event: print(event))
+        """
+        super().add_listener(listener)
+        for policy in self.policies:
+            add = getattr(policy, "add_listener", None)
+            if callable(add):
+                add(listener)
+        return listener
+
+    def remove_listener(self, listener: Listener) -> None:
+        """Stop sending the events of the pipeline's policies to ``listener``.
+
+        Example: ``pipeline.remove_listener(print)``
+        """
+        super().remove_listener(listener)
+        for policy in self.policies:
+            remove = getattr(policy, "remove_listener", None)
+            if callable(remove):
+                remove(listener)
 
     def _chain(
         self, fn: Callable[..., Any], *, is_async: bool, lasting: bool = False

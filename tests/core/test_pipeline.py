@@ -287,6 +287,46 @@ def test_nested_pipelines_are_flattened() -> None:
     assert rs.Pipeline(a, rs.Pipeline(b, c)).policies == (a, b, c)
 
 
+def test_a_policy_twice_in_a_pipeline_is_refused() -> None:
+    """One policy object twice, directly or through nested pipelines, is one state in
+    two layers (a bulkhead of one would wait for its own slot, a breaker count each
+    call twice): refused at construction, naming the policy."""
+    bulkhead = rs.Bulkhead(1, name="db")
+    with pytest.raises(rs.ConfigurationError, match=r"'db'.* twice"):
+        rs.Pipeline(bulkhead, rs.Timeout(5), bulkhead)
+    breaker = rs.CircuitBreaker(name="api")
+    first = rs.Pipeline(breaker, rs.Timeout(5))
+    second = rs.Pipeline(breaker, rs.Fallback(0))
+    with pytest.raises(rs.ConfigurationError, match=r"'api'.* twice"):
+        rs.Pipeline(first, second)
+    # Equal but distinct policies are two layers.
+    assert len(rs.Pipeline(rs.Timeout(5), rs.Timeout(5))) == 2
+
+
+def test_a_pipeline_listener_hears_its_policies() -> None:
+    """Pipeline.add_listener puts the listener on each of its policies (a nested
+    pipeline's listener stays on its own), and remove_listener takes it off them."""
+    seen: list[rs.Event] = []
+    inner_seen: list[rs.Event] = []
+    retry = rs.Retry(on=OSError, attempts=2, backoff=[0])
+    inner = rs.Pipeline(retry)
+    inner.add_listener(inner_seen.append)
+    pipeline = rs.Pipeline(rs.Fallback("degraded", on=OSError), inner, Limiter())
+    assert pipeline.add_listener(seen.append) == seen.append
+
+    def down() -> str:
+        raise OSError("down")
+
+    assert pipeline.call(down) == "degraded"
+    kinds = [type(event).__name__ for event in seen]
+    assert kinds == ["RetryScheduled", "RetriesExhausted", "FallbackUsed"]
+    assert [type(event).__name__ for event in inner_seen] == kinds[:2]
+    pipeline.remove_listener(seen.append)
+    assert pipeline.call(down) == "degraded"
+    assert len(seen) == 3
+    assert len(inner_seen) == 4
+
+
 def test_non_policies_are_refused() -> None:
     """Only objects with call/call_async compose."""
     with pytest.raises(rs.ConfigurationError, match="call"):
