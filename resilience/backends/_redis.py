@@ -401,12 +401,12 @@ class RedisBackend:
             if client is not None:
                 await client.ping()
         """
+        loop = asyncio._get_running_loop()
+        if loop is None:  # trio (or no loop at all): a redis.asyncio client cannot run
+            return None
         if self._async_client is not None:
             return self._async_client
         if self._url is None:
-            return None
-        loop = asyncio._get_running_loop()
-        if loop is None:
             return None
         client = self._loop_clients.get(loop)
         if client is None:

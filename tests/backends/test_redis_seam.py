@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import redis
+import redis.asyncio
 
 import resilience as rs
 from resilience.backends import RedisBackend
@@ -43,6 +44,33 @@ async def test_run_async_on_asyncio_and_trio(redis_server: RedisServer) -> None:
     assert await script.run_async([key], [2]) == 2
     redis_server.flush_scripts()
     assert await script.run_async([key], [3]) == 5
+
+
+@pytest.mark.anyio
+async def test_a_given_async_client_is_left_alone_on_trio(redis_server: RedisServer) -> None:
+    """A backend built with both clients serves async policies on trio through the sync
+    client in a worker thread (a redis.asyncio client cannot run there), as one built
+    from a URL does; on asyncio it uses the given async client."""
+    sync_client = redis.Redis.from_url(redis_server.url)
+    async_client = redis.asyncio.Redis.from_url(redis_server.url)
+    backend = RedisBackend(sync_client=sync_client, async_client=async_client, prefix="both")
+    try:
+        on_asyncio = asyncio._get_running_loop() is not None
+        assert (backend.async_client() is async_client) is on_asyncio
+        limiter = rs.RateLimiter("2/s", backend=backend)
+        assert (await limiter.try_acquire_async(key="alice")).allowed
+        windows = rs.RateLimiter("2/s", algorithm="sliding-window", backend=backend)
+        assert (await windows.try_acquire_async(key="alice")).allowed
+        bulkhead = rs.Bulkhead(1, backend=backend)
+        async with bulkhead:
+            assert bulkhead.statistics().shared_in_flight == 1
+        assert bulkhead.statistics().shared_in_flight == 0
+        statistics = limiter.statistics()
+        assert (statistics.round_trips, statistics.fallback_decisions) == (1, 0)
+    finally:
+        if on_asyncio:
+            await async_client.aclose()
+        sync_client.close()
 
 
 def test_async_clients_are_cached_per_event_loop(redis_server: RedisServer) -> None:
