@@ -69,7 +69,7 @@ OPTIONAL = ["redis", "starlette", "httpx", "prometheus_client", "opentelemetry",
 
 
 def test_import_resilience_loads_no_optional_dependency() -> None:
-    """import resilience needs only anyio, wrapt and limits."""
+    """import resilience needs only anyio and limits."""
     code = (
         "import sys, json, resilience; "
         f"print(json.dumps([m for m in {OPTIONAL!r} if m in sys.modules]))"
