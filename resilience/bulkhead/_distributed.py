@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 import os
 import threading
 import time
@@ -249,6 +250,36 @@ class _OpenPermit(Permit):
             self._dist._open.discard(self)
 
 
+class _RenewalGate:
+    """When a lease renewal on one backend last failed (``-inf``: the last one worked).
+
+    Shared by every bulkhead on the backend, because the keeper thread renews them all
+    in turn: after one renewal times out, the others on that backend fail at once for a
+    moment (each bulkhead's ``lease / 12``) rather than each blocking the keeper in turn.
+    """
+
+    __slots__ = ("failed_at",)
+
+    def __init__(self) -> None:
+        self.failed_at = -math.inf
+
+
+_GATES: weakref.WeakKeyDictionary[Any, _RenewalGate] = weakref.WeakKeyDictionary()
+_GATES_LOCK = threading.Lock()
+
+
+def _renewal_gate(backend: Any) -> _RenewalGate:
+    """The renewal gate of ``backend`` (a private one if it cannot be weakly keyed)."""
+    with _GATES_LOCK:
+        try:
+            gate = _GATES.get(backend)
+            if gate is None:
+                gate = _GATES[backend] = _RenewalGate()
+        except TypeError:
+            gate = _RenewalGate()
+    return gate
+
+
 class _Renewal:
     """The keeper job of one lease: renew every ``lease / 3`` until released or lost."""
 
@@ -276,15 +307,17 @@ class _Renewal:
             dist.release_now(self.keys, self.token)
             return None
         sent = _now()
-        if sent < dist.renewals_fail_until:
-            # Redis just failed a renewal: this one would block the keeper (which renews
-            # every bulkhead's leases, other backends' too) for the timeout in vain.
+        gate = dist.renewals
+        if sent < gate.failed_at + dist.renew_every / 4:
+            # A renewal on this backend just failed: this one would block the keeper
+            # (which renews every lease, other backends' too) for the timeout in vain.
             return self._failed(permit, sent)
         try:
             alive = dist.renew_script.run(self.keys, [self.token, dist.lease_ms])
         except BackendError:
-            dist.renewals_fail_until = _now() + dist.renew_every / 4
+            gate.failed_at = _now()
             return self._failed(permit, sent)
+        gate.failed_at = -math.inf
         dist.failover.succeeded()  # Redis answers: the bulkhead is healthy (reported)
         if permit._released:  # released while the renewal was on the wire
             return None
@@ -404,8 +437,8 @@ class Distributed:
         self.lease = lease
         self.lease_ms = max(1, round(lease * 1000))
         self.renew_every = lease / 3
-        #: Until then renewals fail at once: one just timed out (see _Renewal).
-        self.renewals_fail_until = 0.0
+        #: When a renewal on this backend last failed (see _Renewal).
+        self.renewals = _renewal_gate(backend)
         self.raise_lost = on_lease_lost == "raise"
         self.failover = Failover(on_backend_error, owner=owner, clock=owner._clock)
         self.twin: Bulkhead | None = None

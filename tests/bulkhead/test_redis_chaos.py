@@ -280,21 +280,28 @@ def test_recovery_never_puts_one_process_over_the_limit(redis_server: RedisServe
         bulkhead.close()
 
 
+@pytest.mark.parametrize(("bulkheads", "leases"), [(1, 60), (30, 2)])
 def test_a_paused_redis_does_not_starve_another_backends_renewals(
-    redis_server: RedisServer,
+    redis_server: RedisServer, bulkheads: int, leases: int
 ) -> None:
     """One keeper thread renews every lease. With 60 leases on a paused Redis, each
     renewal used to block it for the backend timeout in turn, so a lease on a second,
     healthy Redis was not renewed in time and was lost (its only slot granted again).
-    After one renewal fails, the paused backend's others fail at once for a moment."""
+    After one renewal fails, the paused backend's others fail at once for a moment:
+    those of every bulkhead on that backend (30 bulkheads, each blocking once in turn,
+    used to starve the healthy lease as well)."""
     other_server = RedisServer().start()
-    paused = rs.Bulkhead(
-        60,
-        backend=RedisBackend.from_url(redis_server.url, timeout=0.05),
-        name="on-paused",
-        lease=1.0,
-        on_lease_lost="event",
-    )
+    paused_backend = RedisBackend.from_url(redis_server.url, timeout=0.05)
+    paused = [
+        rs.Bulkhead(
+            leases,
+            backend=paused_backend,
+            name=f"on-paused-{index}",
+            lease=1.0,
+            on_lease_lost="event",
+        )
+        for index in range(bulkheads)
+    ]
     healthy = rs.Bulkhead(
         1,
         backend=RedisBackend.from_url(other_server.url, timeout=0.05),
@@ -302,7 +309,7 @@ def test_a_paused_redis_does_not_starve_another_backends_renewals(
         lease=1.0,
         on_lease_lost="event",
     )
-    held = [paused.acquire_nowait("k") for _ in range(60)]
+    held = [bulkhead.acquire_nowait("k") for bulkhead in paused for _ in range(leases)]
     kept = healthy.acquire_nowait("k")
     try:
         redis_server.pause()
@@ -317,6 +324,7 @@ def test_a_paused_redis_does_not_starve_another_backends_renewals(
         kept.release()
         for permit in held:
             permit.release()
-        paused.close()
+        for bulkhead in paused:
+            bulkhead.close()
         healthy.close()
         other_server.stop()
