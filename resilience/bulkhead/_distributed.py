@@ -524,7 +524,7 @@ class Distributed:
                     attempt.signal.wait(delay)
                     if not self.failover.use_backend():  # Redis failed meanwhile
                         self.failover.fallback(key)
-                        return self._degraded(key, priority, self._wait_left(attempt))
+                        return self._degraded(key, priority, self._leave(attempt))
                     delay = self._turn(attempt)
                     if delay:
                         continue
@@ -565,7 +565,7 @@ class Distributed:
                     await attempt.signal.wait(delay)
                     if not self.failover.use_backend():  # Redis failed meanwhile
                         self.failover.fallback(key)
-                        wait = self._wait_left(attempt)
+                        wait = self._leave(attempt)
                         return await self._degraded_async(key, priority, wait, may_wait)
                     delay = self._turn(attempt)
                     if delay:
@@ -689,6 +689,16 @@ class Distributed:
             return attempt.max_wait
         return max(0.0, attempt.deadline - _now())
 
+    def _leave(self, attempt: _Attempt) -> float:
+        """Leave the Redis queue for the failure mode's; returns the wait left.
+
+        Waiting in the twin, the caller must not stay queued here too: it would be
+        counted twice, and once Redis is back newcomers would queue behind it.
+        """
+        wait = self._wait_left(attempt)
+        self._finish(attempt)
+        return wait
+
     def _may_queue(self, attempt: _Attempt) -> None:
         """Raise BulkheadFull if the caller's ``may_wait`` refuses to let it queue."""
         if attempt.may_wait is not None and not attempt.may_wait():
@@ -703,7 +713,7 @@ class Distributed:
         # Every waiter sleeps on a signal Redis will not send now: wake them, so that
         # each takes the failure mode at once rather than at its deadline.
         self._wake_all_waiters()
-        return self._wait_left(attempt)
+        return self._leave(attempt)
 
     def _finish(self, attempt: _Attempt) -> None:
         if attempt.queued:

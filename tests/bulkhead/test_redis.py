@@ -600,6 +600,41 @@ def test_a_released_lease_does_not_hand_a_slot_over_the_local_limit(
     got[0].release()
 
 
+def test_a_waiter_moved_to_the_local_twin_leaves_the_redis_queue(
+    redis_server: RedisServer, backends: Callable[..., RedisBackend]
+) -> None:
+    """A caller queued for Redis when Redis fails waits in the local twin instead, and
+    only there: it used to stay in the Redis queue too, counted twice in ``waiting``,
+    and once Redis was back every newcomer queued behind it (and was refused at its
+    ``max_wait``) while Redis had a free slot."""
+    bulkhead = rs.Bulkhead(2, backend=backends(timeout=0.05), name="moved", local_limit=1)
+    leases = [bulkhead.acquire_nowait("k") for _ in range(2)]
+    got: list[rs.Permit] = []
+    waiter = threading.Thread(target=lambda: got.append(bulkhead.acquire("k", max_wait=10)))
+    waiter.start()
+    wait_until(lambda: bulkhead.statistics("k").waiting == 1)  # in the Redis queue
+    assert bulkhead._remote is not None and bulkhead._remote.twin is not None
+    twin = bulkhead._remote.twin
+    redis_server.pause()
+    try:
+        with pytest.raises(rs.BulkheadFull):
+            bulkhead.acquire_nowait("k")  # the first failure switches to the twin
+        wait_until(lambda: twin.statistics("k").waiting == 1)  # the waiter moved
+        assert bulkhead.statistics("k").waiting == 1
+    finally:
+        redis_server.resume()
+    _back_on_redis(bulkhead, "k")
+    leases[0].release()  # Redis: 1 lease of 2; the twin still holds local_limit
+    newcomer = bulkhead.acquire("k", max_wait=2)  # a free slot in Redis: at once
+    assert got == []
+    for permit in (newcomer, leases[1]):
+        permit.release()
+    waiter.join(5)
+    assert len(got) == 1
+    got[0].release()
+    assert bulkhead.statistics("k").waiting == 0
+
+
 def test_after_an_outage_redis_counts_local_slots_and_forgets_failed_releases(
     redis_server: RedisServer, backends: Callable[..., RedisBackend]
 ) -> None:
