@@ -30,8 +30,10 @@ demo: $(STAMP)
 	$(BIN)/python -m integrations.summarizer demo --quick
 
 bench: $(STAMP)
-	command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk) || echo "wrk unavailable: the uvicorn req/s table will be skipped"
+	(command -v wrk && command -v callgrind_control && command -v redis-server) >/dev/null || apt-get update -qq || true
+	command -v wrk >/dev/null || apt-get install -y -qq wrk || echo "wrk unavailable: the uvicorn req/s table will be skipped"
 	command -v callgrind_control >/dev/null || apt-get install -y -qq valgrind || echo "valgrind unavailable: the instruction-count table will be skipped"
+	command -v redis-server >/dev/null || apt-get install -y -qq redis-server || echo "redis-server unavailable: the Redis tables will be skipped"
 	$(BIN)/python -m benchmarks
 
 chaos: $(STAMP)

@@ -259,7 +259,9 @@ class Report:
             out.append(f"| case | per call ({unit}) | overhead ({unit}) | target | met | note |")
             out.append("|---|---:|---:|---|:-:|---|")
             for row in section.rows:
-                name = f"**{row.name}**" if row.ours else row.name
+                # Baselines ("bare call", "bare Starlette app") are nobody's: plain.
+                bold = row.ours and not row.name.startswith("bare ")
+                name = f"**{row.name}**" if bold else row.name
                 overhead = "" if row.overhead_us is None else f"{row.overhead_us:+.2f}"
                 met = (
                     ("no verdict" if row.target else "")

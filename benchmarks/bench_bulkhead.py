@@ -217,11 +217,16 @@ def _redis(report: Report, number: int) -> None:
             "Ours includes the lease bookkeeping (token, renewal scheduling, local counts); "
             "the renewal itself never runs for a hold shorter than lease/3."
         )
+        backend_stats = bulkhead.statistics().backend or {}
+        if backend_stats.get("backend_errors") or backend_stats.get("fallback_decisions"):
+            raise RuntimeError(f"the run measured the local fallback, not Redis: {backend_stats}")
         server.reset_stats()
         for _ in range(100):
             ours()
         stats = server.commandstats()
         per_call = (stats.get("evalsha", 0) + stats.get("eval", 0)) / 100
+        if per_call != 2:
+            raise RuntimeError(f"expected 2 EVALSHA per acquire + release, counted {per_call:g}")
         section = report.section(
             "Bulkhead on Redis, acquire + release (issue 4)",
             "two raw redis-py evalsha calls of the same scripts, same server",

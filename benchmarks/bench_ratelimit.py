@@ -166,6 +166,15 @@ def _ratio_row(section: Any, name: str, value: float, ceiling: float, limit: flo
     )
 
 
+def _on_redis(*limiters: rs.RateLimiter) -> None:
+    """Refuse a run whose limiters decided in memory (``on_backend_error="local"``
+    answers from the in-process twin while Redis fails: a fast, wrong measurement)."""
+    for limiter in limiters:
+        stats = limiter.statistics()
+        if stats.backend_errors or stats.fallback_decisions or not stats.round_trips:
+            raise RuntimeError(f"{limiter.name}: the run did not decide on Redis: {stats}")
+
+
 def _redis_sync(report: Report, server: Any, number: int) -> None:
     import limits
     import limits.storage
@@ -180,7 +189,8 @@ def _redis_sync(report: Report, server: Any, number: int) -> None:
     gcra = raw.script_load(GCRA_LUA)
     backend = RedisBackend.from_url(server.url, timeout=1.0)
     limiter = rs.RateLimiter(HUGE, backend=backend, name="bench")
-    decorated = rs.RateLimiter(HUGE, backend=backend, name="bench-dec")(_bare)
+    decorating = rs.RateLimiter(HUGE, backend=backend, name="bench-dec")
+    decorated = decorating(_bare)
     call = limiter._buckets.primary._call("k", 1, 0)  # the same key and arguments as ours
     storage = limits.storage.RedisStorage(server.url)
     fixed = limits.strategies.FixedWindowRateLimiter(storage)
@@ -199,6 +209,7 @@ def _redis_sync(report: Report, server: Any, number: int) -> None:
     }
     # Round trips vary with whatever else the host runs: many short interleaved rounds.
     results = measure(cases, number=number, rounds=max(report.rounds, 15))
+    _on_redis(limiter, decorating)
     ceiling = results["raw redis-py EVALSHA 'return 1' (ceiling)"]
     section = report.section(
         "Rate limiter on Redis, sequential sync (issue 3)",
@@ -233,6 +244,9 @@ async def _tasks(fn: Callable[[], Awaitable[object]], per_task: int) -> float:
 
 
 def _redis_async(report: Report, server: Any, per_task: int) -> None:
+    import limits
+    import limits.aio.storage
+    import limits.aio.strategies
     import redis.asyncio
 
     from resilience.backends import RedisBackend
@@ -242,7 +256,12 @@ def _redis_async(report: Report, server: Any, per_task: int) -> None:
         trivial = await raw.script_load("return 1")
         backend = RedisBackend.from_url(server.url, timeout=1.0)
         limiter = rs.RateLimiter(HUGE, backend=backend, name="bench-async")
-        decorated = rs.RateLimiter(HUGE, backend=backend, name="bench-async-dec")(_abare)
+        decorating = rs.RateLimiter(HUGE, backend=backend, name="bench-async-dec")
+        decorated = decorating(_abare)
+        # The peer the issue names: limits' fixed window through its redis-py bridge.
+        storage = limits.aio.storage.RedisStorage("async+" + server.url, implementation="redispy")
+        fixed = limits.aio.strategies.FixedWindowRateLimiter(storage)
+        item = limits.RateLimitItemPerSecond(10**9)
 
         lean_trivial = backend.script("return 1")
 
@@ -255,11 +274,15 @@ def _redis_async(report: Report, server: Any, per_task: int) -> None:
         async def ours() -> object:
             return await limiter.try_acquire_async("k")
 
+        async def peer() -> object:
+            return await fixed.hit(item, "k")
+
         cases = {
             "raw redis.asyncio EVALSHA 'return 1' (ceiling)": ceiling,
             "EVALSHA 'return 1' on our client path (RedisScript.run_async)": lean,
             "rs.RateLimiter(backend=redis).try_acquire_async(key)": ours,
             "rs.RateLimiter(backend=redis) async decorator": decorated,
+            "limits.aio FixedWindowRateLimiter.hit (RedisStorage, redis-py)": peer,
         }
         for fn in cases.values():  # warm up: connections for every task
             await _tasks(fn, 5)
@@ -267,6 +290,7 @@ def _redis_async(report: Report, server: Any, per_task: int) -> None:
         for _ in range(max(3, report.rounds // 2)):
             for name, fn in cases.items():
                 samples[name].append(await _tasks(fn, per_task))
+        _on_redis(limiter, decorating)
         await raw.aclose()
         await backend.aclose()
         return {name: statistics.median(values) for name, values in samples.items()}
@@ -287,6 +311,8 @@ def _redis_async(report: Report, server: Any, per_task: int) -> None:
                 met=throughput >= 0.9,
                 note=f"{throughput:.3f}x the ceiling's throughput",
             )
+        elif name.startswith("limits"):
+            section.add(name, value, ours=False, note=f"{throughput:.3f}x the ceiling's throughput")
         else:
             section.add(name, value, ours=False, note="per call = wall time / calls")
     lean_s = results["EVALSHA 'return 1' on our client path (RedisScript.run_async)"]
