@@ -613,7 +613,8 @@ def test_a_waiter_moved_to_the_local_twin_leaves_the_redis_queue(
     waiter = threading.Thread(target=lambda: got.append(bulkhead.acquire("k", max_wait=10)))
     waiter.start()
     wait_until(lambda: bulkhead.statistics("k").waiting == 1)  # in the Redis queue
-    assert bulkhead._remote is not None and bulkhead._remote.twin is not None
+    assert bulkhead._remote is not None
+    assert bulkhead._remote.twin is not None
     twin = bulkhead._remote.twin
     redis_server.pause()
     try:
