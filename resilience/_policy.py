@@ -374,6 +374,9 @@ class Pipeline(PolicyBase):
     def remove_listener(self, listener: Listener) -> None:
         """Stop sending the events of the pipeline's policies to ``listener``.
 
+        Listeners are not counted: it comes off each of the pipeline's policies, also
+        one that had it from its own ``add_listener`` or from another pipeline.
+
         Example: ``pipeline.remove_listener(print)``
         """
         super().remove_listener(listener)

@@ -251,10 +251,10 @@ class _OpenPermit(Permit):
 
 
 class _RenewalGate:
-    """When a lease renewal on one backend last failed (``-inf``: the last one worked).
+    """When a lease renewal on one Redis server last failed (``-inf``: the last worked).
 
-    Shared by every bulkhead on the backend, because the keeper thread renews them all
-    in turn: after one renewal times out, the others on that backend fail at once for a
+    Shared by every bulkhead on the server, because the keeper thread renews them all
+    in turn: after one renewal times out, the others on that server fail at once for a
     moment (each bulkhead's ``lease / 12``) rather than each blocking the keeper in turn.
     """
 
@@ -264,20 +264,47 @@ class _RenewalGate:
         self.failed_at = -math.inf
 
 
-_GATES: weakref.WeakKeyDictionary[Any, _RenewalGate] = weakref.WeakKeyDictionary()
+class _RenewalGates:
+    """The renewal gates of one backend: one, or one per node of a Redis Cluster (a
+    stalled node must not hold back the renewals of leases on the healthy ones)."""
+
+    __slots__ = ("cluster_client", "gate", "nodes")
+
+    def __init__(self, backend: Any) -> None:
+        self.gate = _RenewalGate()
+        self.nodes: dict[str, _RenewalGate] = {}
+        cluster = getattr(backend, "cluster", False) is True
+        self.cluster_client: Any = backend.sync_client if cluster else None
+
+    def for_key(self, key: str) -> _RenewalGate:
+        """The gate of the server that holds ``key`` (only the keeper thread asks)."""
+        client = self.cluster_client
+        if client is None:
+            return self.gate
+        try:
+            name = client.get_node_from_key(key).name  # the client's slot map: no I/O
+        except Exception:  # no slot map at the moment: the cluster as a whole
+            return self.gate
+        gate = self.nodes.get(name)
+        if gate is None:
+            gate = self.nodes[name] = _RenewalGate()
+        return gate
+
+
+_GATES: weakref.WeakKeyDictionary[Any, _RenewalGates] = weakref.WeakKeyDictionary()
 _GATES_LOCK = threading.Lock()
 
 
-def _renewal_gate(backend: Any) -> _RenewalGate:
-    """The renewal gate of ``backend`` (a private one if it cannot be weakly keyed)."""
+def _renewal_gates(backend: Any) -> _RenewalGates:
+    """The renewal gates of ``backend`` (private ones if it cannot be weakly keyed)."""
     with _GATES_LOCK:
         try:
-            gate = _GATES.get(backend)
-            if gate is None:
-                gate = _GATES[backend] = _RenewalGate()
+            gates = _GATES.get(backend)
+            if gates is None:
+                gates = _GATES[backend] = _RenewalGates(backend)
         except TypeError:
-            gate = _RenewalGate()
-    return gate
+            gates = _RenewalGates(backend)
+    return gates
 
 
 class _Renewal:
@@ -307,7 +334,7 @@ class _Renewal:
             dist.release_now(self.keys, self.token)
             return None
         sent = _now()
-        gate = dist.renewals
+        gate = dist.renewals.for_key(self.keys[0])
         if sent < gate.failed_at + dist.renew_every / 4:
             # A renewal on this backend just failed: this one would block the keeper
             # (which renews every lease, other backends' too) for the timeout in vain.
@@ -437,8 +464,8 @@ class Distributed:
         self.lease = lease
         self.lease_ms = max(1, round(lease * 1000))
         self.renew_every = lease / 3
-        #: When a renewal on this backend last failed (see _Renewal).
-        self.renewals = _renewal_gate(backend)
+        #: When a renewal on each of this backend's servers last failed (see _Renewal).
+        self.renewals = _renewal_gates(backend)
         self.raise_lost = on_lease_lost == "raise"
         self.failover = Failover(on_backend_error, owner=owner, clock=owner._clock)
         self.twin: Bulkhead | None = None
