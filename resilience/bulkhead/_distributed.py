@@ -780,9 +780,12 @@ class Distributed:
         if permit is not None:
             return permit
         assert self.twin is not None
+        ends = _now() + max_wait
         # Quietly: the twin shares this bulkhead's name and listeners, and the caller
         # reports the admission once (a loud twin counted every one twice).
         self.twin._acquire_quietly(key, priority, max_wait)
+        if self._back_on_redis(key):
+            return self.acquire(key, priority, max(0.0, ends - _now()))
         return self._local_slot(key)
 
     async def _degraded_async(
@@ -796,8 +799,25 @@ class Distributed:
         if permit is not None:
             return permit
         assert self.twin is not None
+        ends = _now() + max_wait
         await self.twin._acquire_quietly_async(key, priority, max_wait, may_wait)
+        if self._back_on_redis(key):
+            return await self.acquire_async(key, priority, max(0.0, ends - _now()), may_wait)
         return self._local_slot(key)
+
+    def _back_on_redis(self, key: Hashable) -> bool:
+        """After a wait in the twin: whether Redis answers again, and if so the twin slot
+        is given back for the caller to take a lease in Redis, within the limit.
+
+        A local slot taken now would be entered in Redis past the limit, beside the
+        lease a newer caller took through Redis from the same release: one over the
+        limit for as long as callers from the outage keep waiting locally.
+        """
+        if not self.failover.healthy:
+            return False
+        assert self.twin is not None
+        self.twin._give_back(key, None)
+        return True
 
     def _local_slot(self, key: Hashable) -> LeasePermit:
         """A twin slot was taken while Redis failed: a permit to enter in Redis later.

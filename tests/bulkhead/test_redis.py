@@ -636,6 +636,55 @@ def test_a_waiter_moved_to_the_local_twin_leaves_the_redis_queue(
     assert bulkhead.statistics("k").waiting == 0
 
 
+def test_a_local_waiter_served_after_recovery_takes_its_lease_within_the_limit(
+    redis_server: RedisServer, backends: Callable[..., RedisBackend]
+) -> None:
+    """A caller that waited in the twin through the outage and gets its local slot after
+    Redis answers again asks Redis for a lease, within the limit. Its local slot used to
+    be entered in Redis past the limit, beside the lease another process's newcomer took
+    from the same release: 3 leases of 2."""
+    bulkhead = rs.Bulkhead(2, backend=backends(timeout=0.05), name="after", local_limit=1)
+    other = rs.Bulkhead(2, backend=backends(), name="after")  # another process
+    mine = bulkhead.acquire_nowait("k")
+    theirs = other.acquire_nowait("k")
+    got: list[rs.Permit] = []
+    redis_server.pause()
+    try:
+        with pytest.raises(rs.BulkheadFull):
+            bulkhead.acquire_nowait("k")  # the first failure: local mode, 1 held = local_limit
+        waiter = threading.Thread(target=lambda: got.append(bulkhead.acquire("k", max_wait=10)))
+        waiter.start()
+        wait_until(lambda: bulkhead.statistics("k").waiting == 1)
+    finally:
+        redis_server.resume()
+    _back_on_redis(bulkhead, "k")
+    assert bulkhead._remote is not None
+    assert bulkhead._remote.twin is not None
+    twin = bulkhead._remote.twin
+    mine.release()  # frees a local slot (the waiter's) and a lease in Redis...
+    try:
+        newcomer: rs.Permit | None = other.acquire_nowait("k")  # ...for whoever asks first
+    except rs.BulkheadFull:
+        newcomer = None  # the waiter asked Redis first
+    # The waiter holds a lease, or waits for Redis (not in the twin any more).
+    wait_until(
+        lambda: (
+            bool(got)
+            or (twin.statistics("k").waiting == 0 and bulkhead.statistics("k").waiting == 1)
+        )
+    )
+    if newcomer is not None:
+        assert got == []  # before the fix: a local slot, entered in Redis past the limit
+        assert other.statistics("k").shared_in_flight == 2
+        newcomer.release()
+    waiter.join(5)
+    assert len(got) == 1
+    assert other.statistics("k").shared_in_flight == 2  # the waiter's lease and theirs
+    for permit in (got[0], theirs):
+        permit.release()
+    assert other.statistics("k").shared_in_flight == 0
+
+
 def test_after_an_outage_redis_counts_local_slots_and_forgets_failed_releases(
     redis_server: RedisServer, backends: Callable[..., RedisBackend]
 ) -> None:
