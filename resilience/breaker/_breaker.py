@@ -396,7 +396,7 @@ class CircuitBreaker(PolicyBase):
 
     def _transitioned(self, core: BreakerCore, change: _Change, now: float) -> None:
         old, new, reason, open_for = change
-        if self._observed:
+        if self._observed and not (old is new is CircuitState.CLOSED):  # a window reset
             self._emit(
                 BreakerStateChanged(
                     policy=self.name,

@@ -479,9 +479,9 @@ class BreakerCore:
             open_for = None
             if target is OPEN:
                 open_for = self.config.open_for if seconds is None else seconds
+            # CLOSED to CLOSED is reported too: no state change for listeners (the
+            # owner skips it), but an operator's close() for the fleet to hear.
             self._move(target, now, "manual", open_for=open_for)
-            if target is old and target is CLOSED and self.owner is not None:
-                self._outbox.pop()  # a reset of the window, not a state change
         if self._outbox:
             self._flush(now)
 
@@ -493,7 +493,8 @@ class BreakerCore:
         in a row: a later trip of this process grows its cool-down from there.
         """
         with self._lock:
-            self._poll(now)
+            if self.state is not HALF_OPEN:  # (see remote_close)
+                self._poll(now)
             state = self.state
             if state is CLOSED or state is HALF_OPEN:
                 self._move(OPEN, now, "remote", open_for=seconds, remote=True)
@@ -516,7 +517,11 @@ class BreakerCore:
         states set by hand, DISABLED, FORCED_OPEN and METRICS_ONLY, stay).
         """
         with self._lock:
-            self._poll(now)
+            # The fleet's news supersedes a late probe noticed only now: a timeout
+            # (half_open_timeout) would be a trip to broadcast after that news,
+            # reopening a fleet that another process's probe just closed.
+            if self.state is not HALF_OPEN:
+                self._poll(now)
             state = self.state
             if state is HALF_OPEN or (state is OPEN and (self._remote or manual)):
                 self._move(CLOSED, now, "remote")

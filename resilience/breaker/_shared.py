@@ -49,6 +49,7 @@ from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..backends._failover import Failover
+from ..bulkhead._keeper import KEEPER
 from ..errors import BackendError
 from ._state import CircuitState
 
@@ -60,6 +61,7 @@ __all__ = ["SharedState"]
 logger = logging.getLogger("resilience.breaker")
 
 _STOP = object()  # tells the publisher thread to exit
+_HALF_OPEN = CircuitState.HALF_OPEN
 #: Publishes waiting for the publisher thread, at most: one per (name, key), the newest
 #: state replacing an older one still queued; past this cap a publish is dropped (the
 #: fleet still learns the state by polling).
@@ -114,6 +116,14 @@ end
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return {1, 0} end
 if redis.call('GET', KEYS[1]) == ARGV[1] then return {1, 0} end
 return {0, redis.call('PTTL', KEYS[1])}
+"""
+
+_RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+return 0
 """
 
 _POLL = """
@@ -433,6 +443,7 @@ class SharedState:
         self._trip = backend.script(_TRIP)
         self._close = backend.script(_CLOSE)
         self._elect = backend.script(_ELECT)
+        self._renew = backend.script(_RENEW)
         self._poll_script = backend.script(_POLL)
         self._tag = backend.key("cb", _safe(self.name))
         self._index = self._tag + ":index"
@@ -582,13 +593,39 @@ class SharedState:
         keys = self._keys(key)
         return [keys[3], keys[0]]
 
-    def _election(self, raw: Any) -> tuple[bool, float]:
+    def _election(self, raw: Any, key: Hashable) -> tuple[bool, float]:
         won, wait = bool(int(raw[0])), max(0, int(raw[1])) / 1000.0
         if won:
             self.won += 1
+            self._keep_lease(key)
         else:
             self.lost += 1
         return won, wait
+
+    def _keep_lease(self, key: Hashable) -> None:
+        """Renew a won probe lease while this process's breaker stays half-open.
+
+        The lease must outlive a slow probe: the local breaker waits for its probes (up
+        to ``max_half_open_wait``, or for ever), and another process that won the next
+        election meanwhile would probe too. A winner that dies stops renewing, and its
+        lease expires as before.
+        """
+        keys = self._elect_keys(key)[:1]
+        every = self.lease_ms / 3000.0
+
+        def renew() -> float | None:
+            breaker = self._breaker()
+            if breaker is None or self._closed or breaker.state_of(key) is not _HALF_OPEN:
+                return None  # the episode is over (its outcome deletes the lease)
+            try:
+                kept = self._renew.run(keys, [self._hub.origin, self.lease_ms])
+            except Exception as exc:
+                self._failed(exc, key)
+                return time.monotonic() + every  # Redis may answer before the lease ends
+            self._failover.succeeded()
+            return time.monotonic() + every if int(kept) else None
+
+        KEEPER.schedule(time.monotonic() + every, renew)
 
     def elect(self, key: Hashable) -> tuple[bool, float]:
         """Try to win the fleet-wide half-open probe: ``(won, seconds to wait if lost)``.
@@ -601,7 +638,7 @@ class SharedState:
             self._failed(exc, key)
             return True, 0.0
         self._failover.succeeded()
-        return self._election(raw)
+        return self._election(raw, key)
 
     async def elect_async(self, key: Hashable) -> tuple[bool, float]:
         """:meth:`elect` for async callers (asyncio client, or a worker thread on trio)."""
@@ -613,7 +650,7 @@ class SharedState:
             self._failed(exc, key)
             return True, 0.0
         self._failover.succeeded()
-        return self._election(raw)
+        return self._election(raw, key)
 
     # ---------------------------------------------------------------- inbound (hub thread)
 

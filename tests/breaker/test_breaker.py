@@ -240,6 +240,43 @@ def test_half_open_times_out_back_to_open(fake_clock: FakeClock) -> None:
     assert breaker.state is CircuitState.OPEN
 
 
+def test_the_fleet_s_close_wins_over_a_late_probe_noticed_only_then(
+    fake_clock: FakeClock,
+) -> None:
+    """A shared breaker's probe is overdue, but nobody looked: when another process's
+    probe succeeds and its ``close`` arrives, the breaker closes. (It used to notice the
+    timeout first, reopen with ``half_open_timeout`` and broadcast that as a trip,
+    reopening the fleet that the other probe had just closed.)"""
+    breaker = CircuitBreaker(
+        consecutive_failures=1, open_for=5, max_half_open_wait=3, clock=fake_clock
+    )
+    changes: list[str] = []
+    breaker.add_listener(
+        lambda e: changes.append(e.reason) if isinstance(e, BreakerStateChanged) else None
+    )
+    fail_n(breaker, 1)
+    fake_clock.advance(5)
+    breaker.acquire_nowait()  # this process's probe, which hangs
+    fake_clock.advance(4)  # overdue: nobody has looked since
+    breaker._apply_remote(None, "close", 0.0)  # the fleet's news: another probe passed
+    assert breaker.state is CircuitState.CLOSED
+    assert "half_open_timeout" not in changes
+
+
+def test_closing_a_closed_breaker_is_no_state_change(fake_clock: FakeClock) -> None:
+    """close() on a CLOSED breaker resets its window but reports no state change."""
+    breaker = CircuitBreaker(consecutive_failures=2, clock=fake_clock)
+    changes: list[BreakerStateChanged] = []
+    breaker.add_listener(
+        lambda e: changes.append(e) if isinstance(e, BreakerStateChanged) else None
+    )
+    fail_n(breaker, 1)
+    breaker.close()
+    fail_n(breaker, 1)  # a fresh window: one failure of two
+    assert breaker.state is CircuitState.CLOSED
+    assert changes == []
+
+
 @pytest.mark.parametrize("polls", [(), (12,), (12, 18, 19)])
 def test_half_open_waits_for_its_first_probe_whoever_looks(
     fake_clock: FakeClock, polls: tuple[float, ...]

@@ -313,6 +313,57 @@ def test_a_manual_close_closes_a_manual_open_elsewhere(fleet: Fleet) -> None:
     assert a.state is CircuitState.CLOSED
 
 
+def test_a_close_by_a_closed_member_is_broadcast(fleet: Fleet) -> None:
+    """An operator's close() reaches the fleet from any member, also one whose own
+    breaker is CLOSED (an admin process): it used to be a silent local reset there."""
+    admin = fleet.add(open_for=30)
+    assert admin.shared is not None
+    assert admin.state is CircuitState.CLOSED
+    changes: list[rs.Event] = []
+    admin.add_listener(lambda e: changes.append(e) if isinstance(e, BreakerStateChanged) else None)
+    published = admin.shared.statistics()["published"]
+    admin.close()
+    assert wait_for(
+        lambda: admin.shared is not None and admin.shared.statistics()["published"] > published
+    )
+    assert changes == []  # no state change here
+
+
+def test_a_slow_probe_keeps_the_fleet_probe(fleet: Fleet) -> None:
+    """The winner's probe lease is renewed while its probe is out: a probe slower than
+    the lease (here 1 s) is still the only one. Another process used to win a second
+    election once the lease ran out and probe too."""
+    a, b = fleet.add(), fleet.add()
+    heard = opened_event(b)
+    for _ in range(2):
+        with pytest.raises(Boom):
+            a.call(boom)
+    assert heard.wait(3)
+    time.sleep(OPEN_FOR + 0.05)  # the cool-down is Redis time: let it pass
+    entered = threading.Event()
+    release = threading.Event()
+    ran: list[str] = []
+
+    def probe(who: str) -> str:
+        ran.append(who)
+        entered.set()
+        release.wait(5)
+        return "ok"
+
+    slow = threading.Thread(target=lambda: a.call(probe, "a"))
+    slow.start()
+    try:
+        assert entered.wait(3)
+        time.sleep(1.5)  # past the 1 s lease
+        with pytest.raises(rs.CircuitOpen):
+            b.call(probe, "b")
+        assert ran == ["a"]
+    finally:
+        release.set()
+        slow.join(5)
+    assert wait_for(lambda: b.state is CircuitState.CLOSED)
+
+
 def test_cool_downs_grow_fleet_wide_whoever_probes(fleet: Fleet) -> None:
     """open_for_max growth counts the fleet's trips in a row: when another process
     wins the next probe and it fails, the cool-down grows on (it fell back to
