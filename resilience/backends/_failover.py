@@ -36,6 +36,7 @@ documented :class:`~resilience.BackendError` for ``"closed"``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Final, Literal
 
 from .._clock import Clock
@@ -87,6 +88,7 @@ class Failover:
         "max_probe_interval",
         "min_probe_interval",
         "mode",
+        "on_recovery",
         "recoveries",
     )
 
@@ -108,6 +110,8 @@ class Failover:
         )
         self._owner = owner
         self._clock = clock
+        #: Called (no arguments) when the backend answers again after failing.
+        self.on_recovery: Callable[[], object] | None = None
         #: Whether the last backend call succeeded.
         self.healthy = True
         #: The last backend failure (a :class:`BackendError`), for events and ``"closed"``.
@@ -145,6 +149,8 @@ class Failover:
         self.recoveries += 1
         if self._owner._observed:
             self._owner._emit(BackendRecovered(policy=self._owner.name))
+        if self.on_recovery is not None:
+            self.on_recovery()
 
     def failed(self, error: BaseException, key: object = None) -> None:
         """Report a failed backend call; the decision it was for is a fallback decision.

@@ -265,16 +265,18 @@ class _RenewalGate:
 
 
 class _RenewalGates:
-    """The renewal gates of one backend: one, or one per node of a Redis Cluster (a
-    stalled node must not hold back the renewals of leases on the healthy ones)."""
+    """The renewal gates of one backend's servers: the server's own gate, shared by
+    every bulkhead and backend object on that server (found by its address; a private
+    one where the address is unknown), or one per node of a Redis Cluster (a stalled
+    node must not hold back the leases on healthy ones)."""
 
-    __slots__ = ("cluster_client", "gate", "nodes")
+    __slots__ = ("cluster_client", "gate")
 
     def __init__(self, backend: Any) -> None:
-        self.gate = _RenewalGate()
-        self.nodes: dict[str, _RenewalGate] = {}
         cluster = getattr(backend, "cluster", False) is True
         self.cluster_client: Any = backend.sync_client if cluster else None
+        server = None if cluster else _server_of(backend.sync_client)
+        self.gate = _RenewalGate() if server is None else _server_gate(server)
 
     def for_key(self, key: str) -> _RenewalGate:
         """The gate of the server that holds ``key`` (only the keeper thread asks)."""
@@ -285,26 +287,33 @@ class _RenewalGates:
             name = client.get_node_from_key(key).name  # the client's slot map: no I/O
         except Exception:  # no slot map at the moment: the cluster as a whole
             return self.gate
-        gate = self.nodes.get(name)
-        if gate is None:
-            gate = self.nodes[name] = _RenewalGate()
-        return gate
+        return _server_gate(str(name))
 
 
-_GATES: weakref.WeakKeyDictionary[Any, _RenewalGates] = weakref.WeakKeyDictionary()
+def _server_of(client: Any) -> str | None:
+    """A standalone client's server address (``host:port`` or a socket path), if known."""
+    try:
+        options = client.connection_pool.connection_kwargs
+    except AttributeError:
+        return None
+    if options.get("path"):
+        return f"unix:{options['path']}"
+    if options.get("host"):
+        return f"{options['host']}:{options.get('port', 6379)}"
+    return None  # a Sentinel-managed pool: its server changes with failovers
+
+
+_SERVER_GATES: dict[str, _RenewalGate] = {}
 _GATES_LOCK = threading.Lock()
 
 
-def _renewal_gates(backend: Any) -> _RenewalGates:
-    """The renewal gates of ``backend`` (private ones if it cannot be weakly keyed)."""
-    with _GATES_LOCK:
-        try:
-            gates = _GATES.get(backend)
-            if gates is None:
-                gates = _GATES[backend] = _RenewalGates(backend)
-        except TypeError:
-            gates = _RenewalGates(backend)
-    return gates
+def _server_gate(server: str) -> _RenewalGate:
+    """The renewal gate of a Redis server (by address; a few per process at most)."""
+    gate = _SERVER_GATES.get(server)
+    if gate is None:
+        with _GATES_LOCK:
+            gate = _SERVER_GATES.setdefault(server, _RenewalGate())
+    return gate
 
 
 class _Renewal:
@@ -465,7 +474,7 @@ class Distributed:
         self.lease_ms = max(1, round(lease * 1000))
         self.renew_every = lease / 3
         #: When a renewal on each of this backend's servers last failed (see _Renewal).
-        self.renewals = _renewal_gates(backend)
+        self.renewals = _RenewalGates(backend)
         self.raise_lost = on_lease_lost == "raise"
         self.failover = Failover(on_backend_error, owner=owner, clock=owner._clock)
         self.twin: Bulkhead | None = None
@@ -474,6 +483,7 @@ class Distributed:
 
             self.twin = Bulkhead(local_limit, clock=owner._clock, name=owner.name)
             self.twin._listeners = owner._listeners  # its rejections are the owner's events
+            self.failover.on_recovery = self._twin_waiters_to_redis
         client = backend.sync_client  # renewals and notifications need the sync client
         self.acquire_script = backend.script(ACQUIRE_LUA)
         self.renew_script = backend.script(RENEW_LUA)
@@ -783,10 +793,18 @@ class Distributed:
         ends = _now() + max_wait
         # Quietly: the twin shares this bulkhead's name and listeners, and the caller
         # reports the admission once (a loud twin counted every one twice).
-        self.twin._acquire_quietly(key, priority, max_wait)
-        if self._back_on_redis(key):
+        try:
+            self.twin._acquire_quietly(key, priority, max_wait)
+        except BulkheadFull:
+            if not self.failover.healthy:
+                raise
+            return self.acquire(key, priority, 0.0)  # Redis is back: it may have room
+        if not self.failover.healthy:
+            return self._local_slot(key)
+        try:  # see _next_from_twin
             return self.acquire(key, priority, max(0.0, ends - _now()))
-        return self._local_slot(key)
+        finally:
+            self._next_from_twin(key)
 
     async def _degraded_async(
         self,
@@ -800,24 +818,50 @@ class Distributed:
             return permit
         assert self.twin is not None
         ends = _now() + max_wait
-        await self.twin._acquire_quietly_async(key, priority, max_wait, may_wait)
-        if self._back_on_redis(key):
-            return await self.acquire_async(key, priority, max(0.0, ends - _now()), may_wait)
-        return self._local_slot(key)
-
-    def _back_on_redis(self, key: Hashable) -> bool:
-        """After a wait in the twin: whether Redis answers again, and if so the twin slot
-        is given back for the caller to take a lease in Redis, within the limit.
-
-        A local slot taken now would be entered in Redis past the limit, beside the
-        lease a newer caller took through Redis from the same release: one over the
-        limit for as long as callers from the outage keep waiting locally.
-        """
+        try:
+            await self.twin._acquire_quietly_async(key, priority, max_wait, may_wait)
+        except BulkheadFull:
+            if not self.failover.healthy:
+                raise
+            return await self.acquire_async(key, priority, 0.0)  # as in _degraded
         if not self.failover.healthy:
-            return False
+            return self._local_slot(key)
+        try:  # see _next_from_twin
+            return await self.acquire_async(key, priority, max(0.0, ends - _now()), may_wait)
+        finally:
+            self._next_from_twin(key)
+
+    def _next_from_twin(self, key: Hashable) -> None:
+        """A caller that waited in the twin through an outage and was let go after Redis
+        answered again has asked Redis for its lease, holding its twin slot meanwhile:
+        give that slot back, and while Redis answers let the twin's next waiter of
+        ``key`` (by priority) ask Redis in turn.
+
+        A local slot taken after the outage would be entered in Redis past the limit,
+        beside the lease a newer caller took through Redis from the same release.
+        """
         assert self.twin is not None
-        self.twin._give_back(key, None)
-        return True
+        slots = self.twin._slots
+        waiter = slots.release(key)
+        if waiter is None and self.failover.healthy:
+            waiter = slots.admit_next(key)
+        if waiter is not None:
+            self.twin._wake(waiter)
+
+    def _twin_waiters_to_redis(self) -> None:
+        """Redis answers again: the first twin waiter of each key asks Redis now (the
+        others follow one by one, see :meth:`_next_from_twin`), not when a local slot
+        frees (the leases granted since count in the twin and may keep it full)."""
+        twin = self.twin
+        if twin is None:
+            return
+        slots = twin._slots
+        with slots.lock:
+            keys = list(slots.queues)
+        for key in keys:
+            waiter = slots.admit_next(key)
+            if waiter is not None:
+                twin._wake(waiter)
 
     def _local_slot(self, key: Hashable) -> LeasePermit:
         """A twin slot was taken while Redis failed: a permit to enter in Redis later.

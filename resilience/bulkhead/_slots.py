@@ -134,6 +134,20 @@ class Slots:
         with self.lock:
             self.in_use[key] = self.in_use.get(key, 0) + 1
 
+    def admit_next(self, key: Hashable) -> Waiter | None:
+        """Hand a slot of ``key`` to its first waiter even past the limit; returns it.
+
+        A distributed bulkhead's twin lets its waiters go this way, one at a time, once
+        Redis answers again: each then asks Redis for its lease, within the fleet's
+        limit (the twin's count, inflated by the leases granted since, would keep them).
+        """
+        with self.lock:
+            queue = self.queues.get(key)
+            if queue is None:
+                return None
+            self.in_use[key] = self.in_use.get(key, 0) + 1
+            return self._hand_off(key, queue)
+
     def release(self, key: Hashable) -> Waiter | None:
         """Give back a slot of ``key``; returns the waiter it was handed to (to wake)."""
         with self.lock:

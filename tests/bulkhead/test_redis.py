@@ -606,7 +606,7 @@ def test_a_waiter_moved_to_the_local_twin_leaves_the_redis_queue(
     """A caller queued for Redis when Redis fails waits in the local twin instead, and
     only there: it used to stay in the Redis queue too, counted twice in ``waiting``,
     and once Redis was back every newcomer queued behind it (and was refused at its
-    ``max_wait``) while Redis had a free slot."""
+    ``max_wait``) while Redis had a free slot. Once Redis answers it asks Redis again."""
     bulkhead = rs.Bulkhead(2, backend=backends(timeout=0.05), name="moved", local_limit=1)
     leases = [bulkhead.acquire_nowait("k") for _ in range(2)]
     got: list[rs.Permit] = []
@@ -625,15 +625,18 @@ def test_a_waiter_moved_to_the_local_twin_leaves_the_redis_queue(
     finally:
         redis_server.resume()
     _back_on_redis(bulkhead, "k")
-    leases[0].release()  # Redis: 1 lease of 2; the twin still holds local_limit
-    newcomer = bulkhead.acquire("k", max_wait=2)  # a free slot in Redis: at once
+    # Redis answers: the waiter leaves the twin for Redis, where it queues (2 of 2).
+    wait_until(lambda: twin.statistics("k").waiting == 0 and bulkhead.statistics("k").waiting == 1)
     assert got == []
-    for permit in (newcomer, leases[1]):
-        permit.release()
+    leases[0].release()  # the waiter, first in line, takes the freed lease
     waiter.join(5)
     assert len(got) == 1
-    got[0].release()
+    with pytest.raises(rs.BulkheadFull):
+        bulkhead.acquire_nowait("k")  # the waiter's lease and leases[1]: the limit
+    for permit in (got[0], leases[1]):
+        permit.release()
     assert bulkhead.statistics("k").waiting == 0
+    assert bulkhead.statistics("k").shared_in_flight == 0
 
 
 def test_a_local_waiter_served_after_recovery_takes_its_lease_within_the_limit(
@@ -683,6 +686,50 @@ def test_a_local_waiter_served_after_recovery_takes_its_lease_within_the_limit(
     for permit in (got[0], theirs):
         permit.release()
     assert other.statistics("k").shared_in_flight == 0
+
+
+def test_local_waiters_go_back_to_redis_by_priority_once_it_answers(
+    redis_server: RedisServer, backends: Callable[..., RedisBackend]
+) -> None:
+    """Callers that queued in the twin during an outage ask Redis once it answers again,
+    one at a time by priority: the more urgent one (queued later) gets the first slot
+    that frees. They used to wait for a local slot, which the leases granted since could
+    keep from them past their ``max_wait`` although Redis had room; and, briefly, all
+    went to Redis at once, the less urgent one winning the race."""
+    bulkhead = rs.Bulkhead(2, backend=backends(timeout=0.05), name="order", local_limit=1)
+    other = rs.Bulkhead(2, backend=backends(), name="order")  # another process
+    mine = bulkhead.acquire_nowait("k")
+    theirs = other.acquire_nowait("k")
+    got: list[tuple[str, rs.Permit]] = []
+
+    def wait(tag: str, priority: int) -> None:
+        got.append((tag, bulkhead.acquire("k", priority=priority, max_wait=10)))
+
+    waiters = [
+        threading.Thread(target=wait, args=("batch", 5)),
+        threading.Thread(target=wait, args=("interactive", 0)),
+    ]
+    redis_server.pause()
+    try:
+        with pytest.raises(rs.BulkheadFull):
+            bulkhead.acquire_nowait("k")  # the first failure: local mode, 1 held = local_limit
+        for count, waiter in enumerate(waiters, 1):
+            waiter.start()
+            wait_until(lambda count=count: bulkhead.statistics("k").waiting == count)
+    finally:
+        redis_server.resume()
+    _back_on_redis(bulkhead, "k")
+    mine.release()  # one lease frees in Redis
+    wait_until(lambda: len(got) == 1)
+    assert got[0][0] == "interactive"
+    theirs.release()
+    for waiter in waiters:
+        waiter.join(5)
+    assert [tag for tag, _ in got] == ["interactive", "batch"]
+    for _, permit in got:
+        permit.release()
+    assert other.statistics("k").shared_in_flight == 0
+    assert bulkhead.statistics("k").waiting == 0
 
 
 def test_after_an_outage_redis_counts_local_slots_and_forgets_failed_releases(

@@ -280,22 +280,29 @@ def test_recovery_never_puts_one_process_over_the_limit(redis_server: RedisServe
         bulkhead.close()
 
 
-@pytest.mark.parametrize(("bulkheads", "leases"), [(1, 60), (30, 2)])
+@pytest.mark.parametrize(
+    ("bulkheads", "leases", "own_backends"), [(1, 60, False), (30, 2, False), (30, 2, True)]
+)
 def test_a_paused_redis_does_not_starve_another_backends_renewals(
-    redis_server: RedisServer, bulkheads: int, leases: int
+    redis_server: RedisServer, bulkheads: int, leases: int, own_backends: bool
 ) -> None:
     """One keeper thread renews every lease. With 60 leases on a paused Redis, each
     renewal used to block it for the backend timeout in turn, so a lease on a second,
     healthy Redis was not renewed in time and was lost (its only slot granted again).
     After one renewal fails, the paused backend's others fail at once for a moment:
     those of every bulkhead on that backend (30 bulkheads, each blocking once in turn,
-    used to starve the healthy lease as well)."""
+    used to starve the healthy lease as well, and so did 30 bulkheads each built with
+    its own backend object for the same server)."""
     other_server = RedisServer().start()
-    paused_backend = RedisBackend.from_url(redis_server.url, timeout=0.05)
+    shared_backend = RedisBackend.from_url(redis_server.url, timeout=0.05)
     paused = [
         rs.Bulkhead(
             leases,
-            backend=paused_backend,
+            backend=(
+                RedisBackend.from_url(redis_server.url, timeout=0.05)
+                if own_backends
+                else shared_backend
+            ),
             name=f"on-paused-{index}",
             lease=1.0,
             on_lease_lost="event",
