@@ -747,6 +747,8 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observab
         slot = None
         ticket = None
         try:
+            if host.breaker is not None:
+                _refuse_if_open(host)
             if host.pace.active:
                 while wait := self._pause_step(host):
                     self._clock.sleep(wait)
@@ -1013,6 +1015,8 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observab
         slot = None
         ticket = None
         try:
+            if host.breaker is not None:
+                _refuse_if_open(host)
             if host.pace.active:
                 while wait := self._pause_step(host):
                     await self._clock.sleep_async(wait)
@@ -1165,6 +1169,20 @@ _Hedge: TypeAlias = tuple[httpx.Request, Any, Any]
 
 #: Breaker states under which a hedge may go: not a probe of a recovering host.
 _HEDGEABLE = frozenset({CircuitState.CLOSED, CircuitState.METRICS_ONLY, CircuitState.DISABLED})
+_REFUSING = frozenset({CircuitState.OPEN, CircuitState.FORCED_OPEN})
+
+
+def _refuse_if_open(host: Host) -> None:
+    """An open breaker refuses an attempt before it waits for the host's pause, token
+    or slot (its ticket is taken last, just before sending): no wait, no token spent.
+
+    Raises the breaker's :class:`~resilience.CircuitOpen`; a probe admitted because
+    the cool-down ended just now is given back (the attempt takes it later).
+    """
+    breaker = host.breaker
+    assert breaker is not None
+    if breaker.state_of(host.breaker_key) in _REFUSING:
+        breaker.acquire_nowait(host.breaker_key).ignore()
 
 
 class _NotNow(Exception):

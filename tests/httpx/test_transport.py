@@ -641,6 +641,25 @@ def test_5xx_opens_the_hosts_breaker_others_unaffected(send: Send, fake_clock: F
     assert breaker.state_of("b.test") is CircuitState.CLOSED
 
 
+def test_an_open_breaker_refuses_before_the_limiter_waits(
+    send: Send, fake_clock: FakeClock
+) -> None:
+    """A host whose breaker is open is refused at once: no wait for a token (or a slot),
+    and no token spent. The ticket used to be taken after the limiter's wait, so each
+    refusal came at the limiter's pace (one a second here) and used up its tokens."""
+    breaker = CircuitBreaker(key=host_key, consecutive_failures=1, open_for=30, clock=fake_clock)
+    upstream = Upstream(fake_clock, always(200))
+    t = transport(upstream, attempts=1, limiter="1/s", breaker=breaker)
+    breaker.open("a.test")
+    for _ in range(5):
+        with pytest.raises(CircuitOpen):
+            send(t, "GET", A)
+    assert fake_clock.monotonic() == 0.0
+    breaker.close("a.test")
+    send(t, "GET", A)  # the token is still there: no wait
+    assert [(call.host, call.at) for call in upstream.calls] == [("a.test", 0.0)]
+
+
 def test_429_is_not_a_breaker_failure(send: Send, fake_clock: FakeClock) -> None:
     """Rate limiting is the server working as intended: the circuit stays closed."""
     breaker = CircuitBreaker(
