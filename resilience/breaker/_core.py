@@ -454,6 +454,19 @@ class BreakerCore:
 
     # ----------------------------------------------------------------- control
 
+    def probe_out(self, now: float) -> bool:
+        """Whether a probe of this half-open episode, whose fleet election this process
+        won, is still out and not overdue. A plain read (no poll, no events, no lock):
+        the lease keeper asks it to renew the fleet's probe lease, and must run no
+        listener of the user's."""
+        half = self._half
+        if self.state is not HALF_OPEN or half is None or not half.elected:
+            return False
+        if half.admitted <= half.results:  # none out (an ignored probe gave its slot back)
+            return False
+        wait = self.config.max_half_open_wait
+        return wait is None or half.since is None or now < half.since + wait
+
     def state_at(self, now: float) -> CircuitState:
         """The state at ``now`` (an elapsed cool-down makes OPEN half-open)."""
         if self.fast is not None:

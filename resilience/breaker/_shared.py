@@ -61,7 +61,6 @@ __all__ = ["SharedState"]
 logger = logging.getLogger("resilience.breaker")
 
 _STOP = object()  # tells the publisher thread to exit
-_HALF_OPEN = CircuitState.HALF_OPEN
 #: Publishes waiting for the publisher thread, at most: one per (name, key), the newest
 #: state replacing an older one still queued; past this cap a publish is dropped (the
 #: fleet still learns the state by polling).
@@ -603,26 +602,35 @@ class SharedState:
         return won, wait
 
     def _keep_lease(self, key: Hashable) -> None:
-        """Renew a won probe lease while this process's breaker stays half-open.
+        """Renew a won probe lease while this process's probe is out.
 
         The lease must outlive a slow probe: the local breaker waits for its probes (up
         to ``max_half_open_wait``, or for ever), and another process that won the next
-        election meanwhile would probe too. A winner that dies stops renewing, and its
-        lease expires as before.
+        election meanwhile would probe too. Renewal stops when no probe is out (it
+        reported, was ignored, or is overdue), when the breaker is gone or leaves the
+        fleet; a winner that dies stops renewing, and its lease expires as before.
+
+        The job runs in the lease keeper's thread, which renews bulkhead leases too: it
+        holds nothing strongly (a dropped breaker is collected) and runs no user code.
         """
         keys = self._elect_keys(key)[:1]
         every = self.lease_ms / 3000.0
+        shared_ref = weakref.ref(self)
+        origin, lease_ms, script = self._hub.origin, self.lease_ms, self._renew
 
         def renew() -> float | None:
-            breaker = self._breaker()
-            if breaker is None or self._closed or breaker.state_of(key) is not _HALF_OPEN:
-                return None  # the episode is over (its outcome deletes the lease)
+            shared = shared_ref()
+            breaker = None if shared is None else shared._breaker()
+            if shared is None or breaker is None or shared._closed:
+                return None
+            core = breaker._peek(key)
+            if core is None or not core.probe_out(breaker._now()):
+                return None  # its outcome (or the next trip) deletes the lease
+            del breaker, core
             try:
-                kept = self._renew.run(keys, [self._hub.origin, self.lease_ms])
-            except Exception as exc:
-                self._failed(exc, key)
+                kept = script.run(keys, [origin, lease_ms])
+            except Exception:
                 return time.monotonic() + every  # Redis may answer before the lease ends
-            self._failover.succeeded()
             return time.monotonic() + every if int(kept) else None
 
         KEEPER.schedule(time.monotonic() + every, renew)

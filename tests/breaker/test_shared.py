@@ -364,6 +364,69 @@ def test_a_slow_probe_keeps_the_fleet_probe(fleet: Fleet) -> None:
     assert wait_for(lambda: b.state is CircuitState.CLOSED)
 
 
+def test_an_ignored_probe_does_not_keep_the_fleet_probe(fleet: Fleet) -> None:
+    """A won probe that ended with an ignored outcome (a 429 through the transport, say)
+    leaves no probe out: its lease is not renewed, and once it ends another process
+    probes (it used to be renewed for as long as the winner stayed half-open)."""
+    a, b = fleet.add(), fleet.add()
+    heard = opened_event(b)
+    for _ in range(2):
+        with pytest.raises(Boom):
+            a.call(boom)
+    assert heard.wait(3)
+    time.sleep(OPEN_FOR + 0.05)
+    a.acquire_nowait().ignore()  # a wins the fleet probe, and gives it back
+    probed: list[rs.breaker.Permit] = []
+
+    def b_probes() -> bool:
+        try:
+            probed.append(b.acquire_nowait())
+        except rs.CircuitOpen:
+            return False
+        return True
+
+    assert wait_for(b_probes, timeout=4.0)  # after a's 1 s lease at the latest
+    probed[0].success()
+
+
+def test_the_probe_lease_keeper_runs_no_listener(fleet: Fleet) -> None:
+    """The winner's lease is renewed by the process's lease keeper thread, which also
+    renews bulkhead leases: it never moves a breaker (an overdue probe is noticed by the
+    breaker's own callers), so no listener of the user's runs there."""
+    a = fleet.add(max_half_open_wait=1.0)
+    threads: list[str] = []
+    a.add_listener(lambda event: threads.append(threading.current_thread().name))
+    for _ in range(2):
+        with pytest.raises(Boom):
+            a.call(boom)
+    time.sleep(OPEN_FOR + 0.05)
+    probe = a.acquire_nowait()
+    time.sleep(1.5)  # the probe is overdue; the keeper renewed the lease meanwhile
+    probe.ignore()
+    assert "resilience-bulkhead-leases" not in threads
+
+
+def test_a_dropped_breaker_holding_the_fleet_probe_is_collected(
+    redis_server: RedisServer,
+) -> None:
+    """The lease renewal job holds nothing strongly: a breaker dropped while its won
+    probe is out is collected, and its lease runs out."""
+    import gc
+    import weakref
+
+    backend = RedisBackend.from_url(redis_server.url, timeout=1.0)
+    breaker = _trips_at_once(backend, "dropped-probe", open_for=0.2)
+    with pytest.raises(Boom):
+        breaker.call(boom)
+    time.sleep(0.25)
+    permit = breaker.acquire_nowait()  # the fleet probe, never settled
+    assert breaker.shared is not None
+    assert breaker.shared.statistics()["won"] == 1
+    gone = weakref.ref(breaker)
+    del breaker, permit
+    assert wait_for(lambda: gc.collect() >= 0 and gone() is None)
+
+
 def test_cool_downs_grow_fleet_wide_whoever_probes(fleet: Fleet) -> None:
     """open_for_max growth counts the fleet's trips in a row: when another process
     wins the next probe and it fails, the cool-down grows on (it fell back to
