@@ -795,10 +795,9 @@ class Distributed:
         # reports the admission once (a loud twin counted every one twice).
         try:
             self.twin._acquire_quietly(key, priority, max_wait)
-        except BulkheadFull:
-            if not self.failover.healthy:
-                raise
-            return self.acquire(key, priority, 0.0)  # Redis is back: it may have room
+        except BaseException:
+            self._twin_turn_passed(key)
+            raise
         if not self.failover.healthy:
             return self._local_slot(key)
         try:  # see _next_from_twin
@@ -820,10 +819,9 @@ class Distributed:
         ends = _now() + max_wait
         try:
             await self.twin._acquire_quietly_async(key, priority, max_wait, may_wait)
-        except BulkheadFull:
-            if not self.failover.healthy:
-                raise
-            return await self.acquire_async(key, priority, 0.0)  # as in _degraded
+        except BaseException:
+            self._twin_turn_passed(key)
+            raise
         if not self.failover.healthy:
             return self._local_slot(key)
         try:  # see _next_from_twin
@@ -845,6 +843,23 @@ class Distributed:
         waiter = slots.release(key)
         if waiter is None and self.failover.healthy:
             waiter = slots.admit_next(key)
+        if waiter is not None:
+            self.twin._wake(waiter)
+
+    def _twin_turn_passed(self, key: Hashable) -> None:
+        """A twin waiter gave up (timed out, cancelled): if Redis answers, the twin's
+        next waiter of ``key`` asks Redis now. (One let go at recovery but cancelled
+        before it ran gave its slot back to the twin's count only, which the leases
+        granted since may keep over the limit: the next waiter would wait its whole
+        ``max_wait`` while Redis had room.)"""
+        if not self.failover.healthy:
+            return
+        assert self.twin is not None
+        slots = self.twin._slots
+        with slots.lock:
+            if key not in slots.queues:
+                return
+        waiter = slots.admit_next(key)
         if waiter is not None:
             self.twin._wake(waiter)
 

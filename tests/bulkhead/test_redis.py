@@ -732,6 +732,94 @@ def test_local_waiters_go_back_to_redis_by_priority_once_it_answers(
     assert bulkhead.statistics("k").waiting == 0
 
 
+def test_a_twin_waiter_cancelled_as_it_is_let_go_passes_its_turn_on(
+    redis_server: RedisServer, backends: Callable[..., RedisBackend]
+) -> None:
+    """When Redis answers again the first twin waiter is let go to ask Redis; cancelled
+    at that moment (its client went away), it passes its turn to the next, which asks
+    Redis at once. The next one used to wait in the twin for its whole ``max_wait``
+    while Redis had room, and was then refused."""
+    import asyncio
+
+    async def main() -> dict[str, str]:
+        bulkhead = rs.Bulkhead(3, backend=backends(timeout=0.05), name="turn", local_limit=1)
+        remote = bulkhead._remote
+        assert remote is not None
+        redis_server.command("CLIENT", "PAUSE", "1500", "ALL")
+        held = await bulkhead.acquire_async(max_wait=0.0)  # a twin slot: Redis is paused
+        out: dict[str, str] = {}
+
+        async def wait(tag: str, priority: int, max_wait: float) -> None:
+            begun = time.monotonic()
+            try:
+                permit = await bulkhead.acquire_async(priority=priority, max_wait=max_wait)
+            except asyncio.CancelledError:
+                out[tag] = "cancelled"
+                return
+            except rs.BulkheadFull:
+                out[tag] = "refused"
+                return
+            out[tag] = f"admitted after {time.monotonic() - begun:.1f} s"
+            await permit.release_async()
+
+        first = asyncio.create_task(wait("first", 0, 8.0))
+        await asyncio.sleep(0.1)
+        second = asyncio.create_task(wait("second", 5, 4.0))
+        await asyncio.sleep(0.1)
+        loop = asyncio.get_running_loop()
+        let_go = remote.failover.on_recovery
+        assert let_go is not None
+
+        def let_go_then_cancel() -> None:
+            let_go()  # the first waiter is let go to Redis...
+            loop.call_soon_threadsafe(first.cancel)  # ...and its client goes away
+
+        remote.failover.on_recovery = let_go_then_cancel
+        await asyncio.gather(first, second)
+        await held.release_async()
+        return out
+
+    out = asyncio.run(asyncio.wait_for(main(), 20))
+    assert out["first"] == "cancelled"
+    assert out["second"].startswith("admitted after")
+    assert float(out["second"].split()[2]) < 3.5  # not at the end of its 4 s max_wait
+
+
+def test_a_caller_refused_after_an_outage_is_counted_once(
+    redis_server: RedisServer, backends: Callable[..., RedisBackend]
+) -> None:
+    """Callers that waited through an outage in the twin and are refused (the fleet's
+    only slot stays taken) count one rejection each, with one ``CallRejected``."""
+    other = rs.Bulkhead(1, backend=backends(), name="once")  # another process
+    bulkhead = rs.Bulkhead(1, backend=backends(timeout=0.05), name="once")
+    refusals: list[rs.Event] = []
+    bulkhead.add_listener(lambda e: refusals.append(e) if isinstance(e, rs.CallRejected) else None)
+    theirs = other.acquire_nowait()  # the fleet's only slot
+    redis_server.command("CLIENT", "PAUSE", "1500", "ALL")
+    held = bulkhead.acquire(max_wait=0.0)  # Redis does not answer: the twin's slot
+    outcomes: list[str] = []
+
+    def wait(priority: int, max_wait: float) -> None:
+        try:
+            bulkhead.acquire(priority=priority, max_wait=max_wait).release()
+        except rs.BulkheadFull:
+            outcomes.append("refused")
+
+    waiters = [
+        threading.Thread(target=wait, args=(0, 4.0)),
+        threading.Thread(target=wait, args=(10, 3.0)),  # times out after the recovery
+    ]
+    for waiter in waiters:
+        waiter.start()
+    for waiter in waiters:
+        waiter.join(10)
+    assert outcomes == ["refused", "refused"]
+    assert bulkhead.statistics().rejected == 2
+    assert len(refusals) == 2
+    held.release()
+    theirs.release()
+
+
 def test_after_an_outage_redis_counts_local_slots_and_forgets_failed_releases(
     redis_server: RedisServer, backends: Callable[..., RedisBackend]
 ) -> None:
