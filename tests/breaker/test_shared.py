@@ -99,6 +99,17 @@ def trip_while_redis_is_down(breaker: CircuitBreaker, redis_server: RedisServer)
     assert wait_for(lambda: shared.statistics()["backend_errors"] > errors)
 
 
+def trip_and_cool_down(tripper: CircuitBreaker, listener: CircuitBreaker) -> None:
+    """Trip ``tripper`` (two failures), wait until ``listener`` heard it, and let the
+    cool-down pass (it is Redis time)."""
+    heard = opened_event(listener)
+    for _ in range(2):
+        with pytest.raises(Boom):
+            tripper.call(boom)
+    assert heard.wait(3)
+    time.sleep(OPEN_FOR + 0.05)
+
+
 @pytest.fixture
 def fleet(redis_server: RedisServer) -> Iterator[Fleet]:
     group = Fleet(redis_server.url)
@@ -334,12 +345,7 @@ def test_a_slow_probe_keeps_the_fleet_probe(fleet: Fleet) -> None:
     the lease (here 1 s) is still the only one. Another process used to win a second
     election once the lease ran out and probe too."""
     a, b = fleet.add(), fleet.add()
-    heard = opened_event(b)
-    for _ in range(2):
-        with pytest.raises(Boom):
-            a.call(boom)
-    assert heard.wait(3)
-    time.sleep(OPEN_FOR + 0.05)  # the cool-down is Redis time: let it pass
+    trip_and_cool_down(a, b)
     entered = threading.Event()
     release = threading.Event()
     ran: list[str] = []
@@ -369,12 +375,7 @@ def test_an_ignored_probe_does_not_keep_the_fleet_probe(fleet: Fleet) -> None:
     leaves no probe out: its lease is not renewed, and once it ends another process
     probes (it used to be renewed for as long as the winner stayed half-open)."""
     a, b = fleet.add(), fleet.add()
-    heard = opened_event(b)
-    for _ in range(2):
-        with pytest.raises(Boom):
-            a.call(boom)
-    assert heard.wait(3)
-    time.sleep(OPEN_FOR + 0.05)
+    trip_and_cool_down(a, b)
     a.acquire_nowait().ignore()  # a wins the fleet probe, and gives it back
     probed: list[rs.breaker.Permit] = []
 
