@@ -448,6 +448,11 @@ class BreakerCore:
                             self._move(OPEN, now, "probes_failed")
                         else:
                             self._move(CLOSED, now, "probes_succeeded")
+                if self._half is half and half.admitted == half.results and self.elect is not None:
+                    # No probe out: the fleet lease is no longer renewed (see
+                    # SharedState._keep_lease), so the next probe is elected again
+                    # (this process wins at once while its lease lasts).
+                    half.elected = False
         if self._outbox:
             self._flush(now)
         return outcome, slow

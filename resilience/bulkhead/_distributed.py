@@ -495,6 +495,8 @@ class Distributed:
         # Permits held by this process per key: leases and local slots (when a twin
         # exists its counts are the same, because it is this process's ledger).
         self._held: dict[Hashable, int] = {}
+        #: Callers from the twin asking Redis for their leases now, per key.
+        self._asking: dict[Hashable, int] = {}
         # Local slots taken while Redis failed, not yet entered in Redis (by token).
         self._local: weakref.WeakValueDictionary[str, LeasePermit] = weakref.WeakValueDictionary()
         # Permits admitted without a slot ("open" mode while Redis fails), still held.
@@ -789,21 +791,27 @@ class Distributed:
         permit = self._without_twin(key)
         if permit is not None:
             return permit
-        assert self.twin is not None
+        twin = self.twin
+        assert twin is not None
         ends = _now() + max_wait
-        # Quietly: the twin shares this bulkhead's name and listeners, and the caller
-        # reports the admission once (a loud twin counted every one twice).
-        try:
-            self.twin._acquire_quietly(key, priority, max_wait)
-        except BaseException:
-            self._twin_turn_passed(key)
-            raise
-        if not self.failover.healthy:
-            return self._local_slot(key)
-        try:  # see _next_from_twin
+        while True:
+            # Quietly: the twin shares this bulkhead's name and listeners, and the
+            # caller reports the admission once (a loud twin counted every one twice).
+            try:
+                twin._acquire_quietly(key, priority, max(0.0, ends - _now()))
+            except BaseException:
+                self._twin_turn_passed(key)
+                raise
+            if self._local_slot_kept(key):
+                return self._local_slot(key)
+            if self.failover.healthy:
+                break
+        with self.lock:
+            self._asking[key] = self._asking.get(key, 0) + 1
+        try:  # see _local_slot_kept
             return self.acquire(key, priority, max(0.0, ends - _now()))
         finally:
-            self._next_from_twin(key)
+            self._asked(key)
 
     async def _degraded_async(
         self,
@@ -815,57 +823,76 @@ class Distributed:
         permit = self._without_twin(key)
         if permit is not None:
             return permit
-        assert self.twin is not None
+        twin = self.twin
+        assert twin is not None
         ends = _now() + max_wait
-        try:
-            await self.twin._acquire_quietly_async(key, priority, max_wait, may_wait)
-        except BaseException:
-            self._twin_turn_passed(key)
-            raise
-        if not self.failover.healthy:
-            return self._local_slot(key)
-        try:  # see _next_from_twin
+        while True:
+            try:
+                wait = max(0.0, ends - _now())
+                await twin._acquire_quietly_async(key, priority, wait, may_wait)
+            except BaseException:
+                self._twin_turn_passed(key)
+                raise
+            if self._local_slot_kept(key):
+                return self._local_slot(key)
+            if self.failover.healthy:
+                break
+        with self.lock:
+            self._asking[key] = self._asking.get(key, 0) + 1
+        try:  # see _local_slot_kept
             return await self.acquire_async(key, priority, max(0.0, ends - _now()), may_wait)
         finally:
-            self._next_from_twin(key)
+            self._asked(key)
 
-    def _next_from_twin(self, key: Hashable) -> None:
-        """A caller that waited in the twin through an outage and was let go after Redis
-        answered again has asked Redis for its lease, holding its twin slot meanwhile:
-        give that slot back, and while Redis answers let the twin's next waiter of
-        ``key`` (by priority) ask Redis in turn.
+    def _local_slot_kept(self, key: Hashable) -> bool:
+        """A twin slot was just taken: whether it stays a local slot (Redis still
+        fails and the slot is within ``local_limit``). Otherwise the slot is taken back:
+        once Redis answers, the caller asks Redis for its lease, within the fleet's limit
+        (a local slot taken now would be entered in Redis past it, beside a newer
+        caller's lease from the same release); a caller let go to Redis past the
+        twin's limit that finds Redis failing again waits in the twin once more.
 
-        A local slot taken after the outage would be entered in Redis past the limit,
-        beside the lease a newer caller took through Redis from the same release.
+        Twin waiters are let go to Redis one at a time, by priority: the first of each
+        key when Redis answers again (:meth:`_twin_waiters_to_redis`), the next when
+        the one before has its answer (:meth:`_asked`) or gives up.
         """
         assert self.twin is not None
         slots = self.twin._slots
-        waiter = slots.release(key)
-        if waiter is None and self.failover.healthy:
-            waiter = slots.admit_next(key)
-        if waiter is not None:
-            self.twin._wake(waiter)
+        if not self.failover.healthy and not slots.over_limit(key):
+            return True
+        slots.retract(key)
+        return False
+
+    def _asked(self, key: Hashable) -> None:
+        """A caller from the twin has its answer from Redis: the next may ask."""
+        with self.lock:
+            n = self._asking.get(key, 0) - 1
+            if n > 0:
+                self._asking[key] = n
+            else:
+                self._asking.pop(key, None)
+        self._let_next_go(key)
 
     def _twin_turn_passed(self, key: Hashable) -> None:
-        """A twin waiter gave up (timed out, cancelled): if Redis answers, the twin's
-        next waiter of ``key`` asks Redis now. (One let go at recovery but cancelled
-        before it ran gave its slot back to the twin's count only, which the leases
-        granted since may keep over the limit: the next waiter would wait its whole
-        ``max_wait`` while Redis had room.)"""
+        """A twin waiter gave up (timed out, cancelled): while nobody from the twin is
+        asking Redis, the next waiter of ``key`` may (one let go at recovery but
+        cancelled before it ran would otherwise leave the next waiting its whole
+        ``max_wait`` while Redis had room)."""
+        if not self._asking.get(key):
+            self._let_next_go(key)
+
+    def _let_next_go(self, key: Hashable) -> None:
+        """While Redis answers, let the twin's first waiter of ``key`` ask Redis."""
         if not self.failover.healthy:
             return
         assert self.twin is not None
-        slots = self.twin._slots
-        with slots.lock:
-            if key not in slots.queues:
-                return
-        waiter = slots.admit_next(key)
+        waiter = self.twin._slots.admit_next(key)
         if waiter is not None:
             self.twin._wake(waiter)
 
     def _twin_waiters_to_redis(self) -> None:
         """Redis answers again: the first twin waiter of each key asks Redis now (the
-        others follow one by one, see :meth:`_next_from_twin`), not when a local slot
+        others follow one by one, see :meth:`_local_slot_kept`), not when a local slot
         frees (the leases granted since count in the twin and may keep it full)."""
         twin = self.twin
         if twin is None:
@@ -874,9 +901,8 @@ class Distributed:
         with slots.lock:
             keys = list(slots.queues)
         for key in keys:
-            waiter = slots.admit_next(key)
-            if waiter is not None:
-                twin._wake(waiter)
+            if not self._asking.get(key):
+                self._let_next_go(key)
 
     def _local_slot(self, key: Hashable) -> LeasePermit:
         """A twin slot was taken while Redis failed: a permit to enter in Redis later.

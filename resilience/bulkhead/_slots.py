@@ -148,6 +148,21 @@ class Slots:
             self.in_use[key] = self.in_use.get(key, 0) + 1
             return self._hand_off(key, queue)
 
+    def retract(self, key: Hashable) -> None:
+        """Take back a slot of ``key`` without handing it to a waiter (a distributed
+        bulkhead's twin, for a waiter let go to ask Redis instead)."""
+        with self.lock:
+            n = self.in_use[key] - 1
+            if n:
+                self.in_use[key] = n
+            else:
+                del self.in_use[key]
+
+    def over_limit(self, key: Hashable) -> bool:
+        """Whether more slots of ``key`` are counted than the limit allows."""
+        with self.lock:
+            return self.in_use.get(key, 0) > self.limit
+
     def release(self, key: Hashable) -> Waiter | None:
         """Give back a slot of ``key``; returns the waiter it was handed to (to wake)."""
         with self.lock:

@@ -390,6 +390,26 @@ def test_an_ignored_probe_does_not_keep_the_fleet_probe(fleet: Fleet) -> None:
     probed[0].success()
 
 
+def test_a_probe_after_an_ignored_one_is_elected_again(fleet: Fleet) -> None:
+    """After an ignored probe the winner's lease is no longer renewed, so its next
+    probe asks the fleet again (and wins, its lease still there), which renews the
+    lease anew: another process does not probe beside it. (The next probe used to go
+    out unelected while the lease ran out, and a second process probed too.)"""
+    a, b = fleet.add(), fleet.add()
+    trip_and_cool_down(a, b)
+    assert a.shared is not None
+    a.acquire_nowait().ignore()  # a wins the fleet probe, and gives it back
+    time.sleep(0.5)  # longer than a third of the 1 s lease: its renewal stopped
+    probe = a.acquire_nowait()
+    assert a.shared.statistics()["won"] == 2
+    try:
+        time.sleep(1.2)  # past the first lease
+        with pytest.raises(rs.CircuitOpen):
+            b.acquire_nowait()
+    finally:
+        probe.success()
+
+
 def test_the_probe_lease_keeper_runs_no_listener(fleet: Fleet) -> None:
     """The winner's lease is renewed by the process's lease keeper thread, which also
     renews bulkhead leases: it never moves a breaker (an overdue probe is noticed by the

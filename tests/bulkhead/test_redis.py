@@ -820,6 +820,51 @@ def test_a_caller_refused_after_an_outage_is_counted_once(
     theirs.release()
 
 
+def test_a_waiter_let_go_to_redis_that_fails_again_waits_within_the_limit(
+    redis_server: RedisServer, backends: Callable[..., RedisBackend]
+) -> None:
+    """A twin waiter let go when Redis answered asks Redis without its twin slot: when
+    Redis fails again it waits in the twin within ``local_limit``, and gets the local
+    slot the process's last holder gives back. (It used to hold the slot it was let go
+    with and wait for a second one, behind itself, until its ``max_wait``.)"""
+    bulkhead = rs.Bulkhead(2, backend=backends(timeout=0.05), name="again", local_limit=1)
+    remote = bulkhead._remote
+    assert remote is not None
+    assert remote.twin is not None
+    twin = remote.twin
+    redis_server.command("CLIENT", "PAUSE", "800", "ALL")
+    held = bulkhead.acquire(max_wait=0.0)  # Redis does not answer: the twin's slot
+    got: list[rs.Permit] = []
+    waiter = threading.Thread(target=lambda: got.append(bulkhead.acquire(max_wait=5.0)))
+    waiter.start()
+    wait_until(lambda: twin.statistics().waiting == 1)
+    let_go = remote.failover.on_recovery
+    assert let_go is not None
+
+    def fail_again_then_let_go() -> None:
+        redis_server.command("CLIENT", "PAUSE", "1500", "ALL")
+        let_go()
+
+    remote.failover.on_recovery = fail_again_then_let_go
+    wait_until(lambda: remote.failover.recoveries == 1 or _probe(bulkhead))
+    wait_until(lambda: twin.statistics().waiting == 1)  # asked, failed, back in the twin
+    assert got == []
+    held.release()  # the process holds nothing else: the waiter's local slot
+    waiter.join(3)
+    assert len(got) == 1
+    got[0].release()
+
+
+def _probe(bulkhead: rs.Bulkhead) -> bool:
+    """One call that may find Redis answering again (False: keep probing)."""
+    try:
+        bulkhead.acquire_nowait().release()
+    except rs.BulkheadFull:
+        pass
+    time.sleep(0.02)
+    return False
+
+
 def test_after_an_outage_redis_counts_local_slots_and_forgets_failed_releases(
     redis_server: RedisServer, backends: Callable[..., RedisBackend]
 ) -> None:
