@@ -549,11 +549,18 @@ class Distributed:
 
     # ------------------------------------------------------------------ acquiring
 
-    def acquire(self, key: Hashable, priority: int, max_wait: float) -> Permit:
-        """Take a lease of ``key``, blocking the thread up to ``max_wait`` (shell)."""
+    def acquire(
+        self, key: Hashable, priority: int, max_wait: float, turn: list[bool] | None = None
+    ) -> Permit:
+        """Take a lease of ``key``, blocking the thread up to ``max_wait`` (shell).
+
+        ``turn``: a caller let go from the twin to ask Redis (see ``_local_slot_kept``);
+        its turn ends if it has to wait in the twin again.
+        """
         hash(key)  # an unhashable key fails here, not after its lease is taken on Redis
         if not self.failover.use_backend():
             self.failover.fallback(key)
+            self._end_turn(key, turn)
             return self._degraded(key, priority, max_wait)
         attempt = _Attempt(key, self.keys_for(key), priority, max_wait, ThreadSignal)
         try:
@@ -563,6 +570,7 @@ class Distributed:
                     attempt.signal.wait(delay)
                     if not self.failover.use_backend():  # Redis failed meanwhile
                         self.failover.fallback(key)
+                        self._end_turn(key, turn)
                         return self._degraded(key, priority, self._leave(attempt))
                     delay = self._turn(attempt)
                     if delay:
@@ -573,7 +581,9 @@ class Distributed:
                         attempt.keys, self.acquire_args(attempt.token, attempt.keys[0])
                     )
                 except BackendError as exc:
-                    return self._degraded(key, priority, self._backend_failed(attempt, exc))
+                    wait = self._backend_failed(attempt, exc)
+                    self._end_turn(key, turn)
+                    return self._degraded(key, priority, wait)
                 delay = self._after_try(attempt, reply)
                 if isinstance(delay, Permit):
                     return delay
@@ -586,14 +596,16 @@ class Distributed:
         priority: int,
         max_wait: float,
         may_wait: Callable[[], bool] | None = None,
+        turn: list[bool] | None = None,
     ) -> Permit:
         """Take a lease of ``key``, suspending the task up to ``max_wait`` (shell).
 
-        ``may_wait``: see ``Bulkhead._acquire_quietly_async``.
+        ``may_wait``: see ``Bulkhead._acquire_quietly_async``; ``turn``: see ``acquire``.
         """
         hash(key)  # as in acquire()
         if not self.failover.use_backend():
             self.failover.fallback(key)
+            self._end_turn(key, turn)
             return await self._degraded_async(key, priority, max_wait, may_wait)
         attempt = _Attempt(key, self.keys_for(key), priority, max_wait, async_signal)
         attempt.may_wait = may_wait
@@ -605,6 +617,7 @@ class Distributed:
                     if not self.failover.use_backend():  # Redis failed meanwhile
                         self.failover.fallback(key)
                         wait = self._leave(attempt)
+                        self._end_turn(key, turn)
                         return await self._degraded_async(key, priority, wait, may_wait)
                     delay = self._turn(attempt)
                     if delay:
@@ -616,6 +629,7 @@ class Distributed:
                     )
                 except BackendError as exc:
                     wait = self._backend_failed(attempt, exc)
+                    self._end_turn(key, turn)
                     return await self._degraded_async(key, priority, wait, may_wait)
                 delay = self._after_try(attempt, reply)
                 if isinstance(delay, Permit):
@@ -806,12 +820,11 @@ class Distributed:
                 return self._local_slot(key)
             if self.failover.healthy:
                 break
-        with self.lock:
-            self._asking[key] = self._asking.get(key, 0) + 1
+        turn = self._start_turn(key)
         try:  # see _local_slot_kept
-            return self.acquire(key, priority, max(0.0, ends - _now()))
+            return self.acquire(key, priority, max(0.0, ends - _now()), turn)
         finally:
-            self._asked(key)
+            self._end_turn(key, turn)
 
     async def _degraded_async(
         self,
@@ -837,12 +850,12 @@ class Distributed:
                 return self._local_slot(key)
             if self.failover.healthy:
                 break
-        with self.lock:
-            self._asking[key] = self._asking.get(key, 0) + 1
+        turn = self._start_turn(key)
         try:  # see _local_slot_kept
-            return await self.acquire_async(key, priority, max(0.0, ends - _now()), may_wait)
+            wait = max(0.0, ends - _now())
+            return await self.acquire_async(key, priority, wait, may_wait, turn)
         finally:
-            self._asked(key)
+            self._end_turn(key, turn)
 
     def _local_slot_kept(self, key: Hashable) -> bool:
         """A twin slot was just taken: whether it stays a local slot (Redis still
@@ -854,7 +867,7 @@ class Distributed:
 
         Twin waiters are let go to Redis one at a time, by priority: the first of each
         key when Redis answers again (:meth:`_twin_waiters_to_redis`), the next when
-        the one before has its answer (:meth:`_asked`) or gives up.
+        the one before has its answer (:meth:`_end_turn`) or gives up.
         """
         assert self.twin is not None
         slots = self.twin._slots
@@ -863,8 +876,18 @@ class Distributed:
         slots.retract(key)
         return False
 
-    def _asked(self, key: Hashable) -> None:
-        """A caller from the twin has its answer from Redis: the next may ask."""
+    def _start_turn(self, key: Hashable) -> list[bool]:
+        """A caller from the twin asks Redis: its turn (``[True]`` until it ends)."""
+        with self.lock:
+            self._asking[key] = self._asking.get(key, 0) + 1
+        return [True]
+
+    def _end_turn(self, key: Hashable, turn: list[bool] | None) -> None:
+        """The turn ends, once: the caller has its answer from Redis, or waits in the
+        twin again (Redis failed once more). The next may ask."""
+        if turn is None or not turn[0]:
+            return
+        turn[0] = False
         with self.lock:
             n = self._asking.get(key, 0) - 1
             if n > 0:

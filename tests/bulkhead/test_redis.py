@@ -855,6 +855,42 @@ def test_a_waiter_let_go_to_redis_that_fails_again_waits_within_the_limit(
     got[0].release()
 
 
+def test_a_waiter_back_in_the_twin_is_let_go_again_at_the_next_recovery(
+    redis_server: RedisServer, backends: Callable[..., RedisBackend]
+) -> None:
+    """A twin waiter let go to Redis that finds it failing again waits in the twin, and
+    is let go again when Redis answers once more: it gets the lease Redis has free
+    (its first turn used to stay counted, so nobody let it go before its ``max_wait``)."""
+    bulkhead = rs.Bulkhead(2, backend=backends(timeout=0.05), name="twice", local_limit=1)
+    remote = bulkhead._remote
+    assert remote is not None
+    assert remote.twin is not None
+    twin = remote.twin
+    redis_server.command("CLIENT", "PAUSE", "800", "ALL")
+    held = bulkhead.acquire(max_wait=0.0)  # the twin's only local slot, kept throughout
+    got: list[rs.Permit] = []
+    waiter = threading.Thread(target=lambda: got.append(bulkhead.acquire(max_wait=6.0)))
+    waiter.start()
+    wait_until(lambda: twin.statistics().waiting == 1)
+    let_go = remote.failover.on_recovery
+    assert let_go is not None
+
+    def fail_again_then_let_go() -> None:
+        remote.failover.on_recovery = let_go
+        redis_server.command("CLIENT", "PAUSE", "700", "ALL")
+        let_go()
+
+    remote.failover.on_recovery = fail_again_then_let_go
+    wait_until(lambda: remote.failover.recoveries == 1 or _probe(bulkhead))
+    begun = time.monotonic()
+    waiter.join(6)  # the second recovery (the keeper enters `held` in Redis) lets it go
+    assert len(got) == 1
+    assert time.monotonic() - begun < 4.0  # well before its 6 s max_wait
+    for permit in (got[0], held):
+        permit.release()
+    assert bulkhead.statistics().waiting == 0
+
+
 def _probe(bulkhead: rs.Bulkhead) -> bool:
     """One call that may find Redis answering again (False: keep probing)."""
     try:
