@@ -57,6 +57,8 @@ Signal = ThreadSignal | AsyncioSignal | TrioSignal
 #: The longest the first waiter of a key sleeps between two tries (it also wakes on a
 #: release, or when the earliest lease expires).
 _HEAD_POLL = 1.0
+#: After a recovery, when to look once more for twin waiters that queued just after it.
+_LATE_CHECK = 0.1
 
 
 def _lua(name: str) -> str:
@@ -497,6 +499,7 @@ class Distributed:
         self._held: dict[Hashable, int] = {}
         #: Callers from the twin asking Redis for their leases now, per key.
         self._asking: dict[Hashable, int] = {}
+        self._late_check = False  # a late pass over the twin's queues is scheduled
         # Local slots taken while Redis failed, not yet entered in Redis (by token).
         self._local: weakref.WeakValueDictionary[str, LeasePermit] = weakref.WeakValueDictionary()
         # Permits admitted without a slot ("open" mode while Redis fails), still held.
@@ -808,7 +811,9 @@ class Distributed:
         twin = self.twin
         assert twin is not None
         ends = _now() + max_wait
-        while True:
+        # Redis may have answered again since this caller decided to fall back: then
+        # it asks Redis (a recovery lets go only the waiters already queued).
+        while not self.failover.healthy:
             # Quietly: the twin shares this bulkhead's name and listeners, and the
             # caller reports the admission once (a loud twin counted every one twice).
             try:
@@ -818,8 +823,6 @@ class Distributed:
                 raise
             if self._local_slot_kept(key):
                 return self._local_slot(key)
-            if self.failover.healthy:
-                break
         turn = self._start_turn(key)
         try:  # see _local_slot_kept
             return self.acquire(key, priority, max(0.0, ends - _now()), turn)
@@ -839,7 +842,7 @@ class Distributed:
         twin = self.twin
         assert twin is not None
         ends = _now() + max_wait
-        while True:
+        while not self.failover.healthy:  # (see _degraded)
             try:
                 wait = max(0.0, ends - _now())
                 await twin._acquire_quietly_async(key, priority, wait, may_wait)
@@ -848,8 +851,6 @@ class Distributed:
                 raise
             if self._local_slot_kept(key):
                 return self._local_slot(key)
-            if self.failover.healthy:
-                break
         turn = self._start_turn(key)
         try:  # see _local_slot_kept
             wait = max(0.0, ends - _now())
@@ -917,8 +918,20 @@ class Distributed:
         """Redis answers again: the first twin waiter of each key asks Redis now (the
         others follow one by one, see :meth:`_local_slot_kept`), not when a local slot
         frees (the leases granted since count in the twin and may keep it full)."""
+        self._let_twin_waiters_go()
+        if not self._late_check:
+            # A caller that fell back a moment before the recovery may queue just after
+            # this pass: one more pass shortly lets it go too.
+            self._late_check = True
+            KEEPER.schedule(_now() + _LATE_CHECK, self._late_twin_waiters)
+
+    def _late_twin_waiters(self) -> None:
+        self._late_check = False
+        self._let_twin_waiters_go()
+
+    def _let_twin_waiters_go(self) -> None:
         twin = self.twin
-        if twin is None:
+        if twin is None or not self.failover.healthy:
             return
         slots = twin._slots
         with slots.lock:

@@ -7,6 +7,7 @@ Redis time (lease expiry, renewals) use short leases and generous upper bounds.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import math
 import threading
@@ -889,6 +890,56 @@ def test_a_waiter_back_in_the_twin_is_let_go_again_at_the_next_recovery(
     for permit in (got[0], held):
         permit.release()
     assert bulkhead.statistics().waiting == 0
+
+
+def test_a_caller_falling_back_as_redis_recovers_asks_redis(
+    redis_server: RedisServer, backends: Callable[..., RedisBackend]
+) -> None:
+    """A caller that decided to fall back to the twin a moment before Redis answered
+    again (after the recovery let the queued twin waiters go) asks Redis too. It used
+    to queue in a full twin and wait out its ``max_wait`` while Redis had room."""
+    from resilience.backends._failover import Failover
+
+    bulkhead = rs.Bulkhead(
+        4, backend=backends(timeout=0.05), name="late", local_limit=2, max_wait=3.0
+    )
+    remote = bulkhead._remote
+    assert remote is not None
+    failover = remote.failover
+    recovered = threading.Event()
+
+    class Slow(Failover):
+        """The caller "late" is preempted between the fallback and the twin's queue."""
+
+        __slots__ = ()
+
+        def fallback(self, key: object = None, error: BaseException | None = None) -> None:
+            super().fallback(key, error)
+            if threading.current_thread().name == "late":
+                recovered.wait(5)
+
+    failover.__class__ = Slow
+    held = [bulkhead.acquire("k"), bulkhead.acquire("k")]  # local_limit: the twin is full
+    redis_server.command("CLIENT", "PAUSE", "400", "ALL")
+    with pytest.raises(rs.BulkheadFull):
+        bulkhead.acquire("k", max_wait=0.0)  # fails on Redis: local mode
+    got: list[rs.Permit] = []
+    late = threading.Thread(target=lambda: got.append(bulkhead.acquire("k")), name="late")
+    late.start()
+    time.sleep(0.5)  # the pause is over
+    probe = None
+    deadline = time.monotonic() + 5
+    while probe is None:  # another caller finds Redis answering (the late one waits)
+        assert time.monotonic() < deadline
+        with contextlib.suppress(rs.BulkheadFull):
+            probe = bulkhead.acquire_nowait("k")
+        time.sleep(0.02)
+    assert failover.healthy
+    recovered.set()
+    late.join(2)  # well before its 3 s max_wait
+    assert len(got) == 1
+    for permit in (*got, probe, *held):
+        permit.release()
 
 
 def _probe(bulkhead: rs.Bulkhead) -> bool:
