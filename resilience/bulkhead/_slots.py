@@ -152,11 +152,7 @@ class Slots:
         """Take back a slot of ``key`` without handing it to a waiter (a distributed
         bulkhead's twin, for a waiter let go to ask Redis instead)."""
         with self.lock:
-            n = self.in_use[key] - 1
-            if n:
-                self.in_use[key] = n
-            else:
-                del self.in_use[key]
+            self._count_down(key)
 
     def over_limit(self, key: Hashable) -> bool:
         """Whether more slots of ``key`` are counted than the limit allows."""
@@ -170,14 +166,7 @@ class Slots:
                 queue = self.queues.get(key)
                 if queue is not None and self.in_use[key] <= self.limit:
                     return self._hand_off(key, queue)
-            in_use = self.in_use
-            n = in_use[key] - 1
-            if n:
-                in_use[key] = n
-            else:
-                del in_use[key]
-                if not in_use:
-                    in_use.clear()  # give a grown table back to the allocator
+            self._count_down(key)
         return None
 
     # ------------------------------------------------------------------ waiting path
@@ -288,12 +277,19 @@ class Slots:
         queue = self.queues.get(key)
         if queue is not None and self.in_use[key] <= self.limit:
             return self._hand_off(key, queue)
-        n = self.in_use[key] - 1
-        if n:
-            self.in_use[key] = n
-        else:
-            del self.in_use[key]
+        self._count_down(key)
         return None
+
+    def _count_down(self, key: Hashable) -> None:
+        """One slot of ``key`` fewer in use (under the lock)."""
+        in_use = self.in_use
+        n = in_use[key] - 1
+        if n:
+            in_use[key] = n
+        else:
+            del in_use[key]
+            if not in_use:
+                in_use.clear()  # give a grown table back to the allocator
 
     def _hand_off(self, key: Hashable, queue: _Queue) -> Waiter | None:
         # The slot goes straight to the first live waiter: the count does not change.

@@ -550,6 +550,24 @@ def _back_on_redis(bulkhead: rs.Bulkhead, key: str) -> None:
         time.sleep(0.02)
 
 
+def _queue_in_the_twin(
+    redis_server: RedisServer, bulkhead: rs.Bulkhead, waiters: list[threading.Thread]
+) -> None:
+    """Pause Redis; the first failure switches ``bulkhead`` (which holds its
+    ``local_limit``) to its twin; start ``waiters``, each queued in the twin before the
+    next starts; then Redis answers again and the bulkhead decides on it once more."""
+    redis_server.pause()
+    try:
+        with pytest.raises(rs.BulkheadFull):
+            bulkhead.acquire_nowait("k")
+        for count, waiter in enumerate(waiters, 1):
+            waiter.start()
+            wait_until(lambda count=count: bulkhead.statistics("k").waiting == count)
+    finally:
+        redis_server.resume()
+    _back_on_redis(bulkhead, "k")
+
+
 def test_leases_held_when_redis_fails_count_against_local_limit(
     redis_server: RedisServer, backends: Callable[..., RedisBackend]
 ) -> None:
@@ -652,16 +670,8 @@ def test_a_local_waiter_served_after_recovery_takes_its_lease_within_the_limit(
     mine = bulkhead.acquire_nowait("k")
     theirs = other.acquire_nowait("k")
     got: list[rs.Permit] = []
-    redis_server.pause()
-    try:
-        with pytest.raises(rs.BulkheadFull):
-            bulkhead.acquire_nowait("k")  # the first failure: local mode, 1 held = local_limit
-        waiter = threading.Thread(target=lambda: got.append(bulkhead.acquire("k", max_wait=10)))
-        waiter.start()
-        wait_until(lambda: bulkhead.statistics("k").waiting == 1)
-    finally:
-        redis_server.resume()
-    _back_on_redis(bulkhead, "k")
+    waiter = threading.Thread(target=lambda: got.append(bulkhead.acquire("k", max_wait=10)))
+    _queue_in_the_twin(redis_server, bulkhead, [waiter])
     assert bulkhead._remote is not None
     assert bulkhead._remote.twin is not None
     twin = bulkhead._remote.twin
@@ -710,16 +720,7 @@ def test_local_waiters_go_back_to_redis_by_priority_once_it_answers(
         threading.Thread(target=wait, args=("batch", 5)),
         threading.Thread(target=wait, args=("interactive", 0)),
     ]
-    redis_server.pause()
-    try:
-        with pytest.raises(rs.BulkheadFull):
-            bulkhead.acquire_nowait("k")  # the first failure: local mode, 1 held = local_limit
-        for count, waiter in enumerate(waiters, 1):
-            waiter.start()
-            wait_until(lambda count=count: bulkhead.statistics("k").waiting == count)
-    finally:
-        redis_server.resume()
-    _back_on_redis(bulkhead, "k")
+    _queue_in_the_twin(redis_server, bulkhead, waiters)
     mine.release()  # one lease frees in Redis
     wait_until(lambda: len(got) == 1)
     assert got[0][0] == "interactive"
