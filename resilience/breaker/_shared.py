@@ -26,11 +26,15 @@ The rules:
 
 Keys (all of one breaker share one Redis Cluster hash tag)::
 
-    {prefix}:{cb:<name>}:<key>:open      the open signal (value: origin), PX = cool-down
-    {prefix}:{cb:<name>}:<key>:probe     the fleet probe lease (SET NX PX)
-    {prefix}:{cb:<name>}:<key>:reports   quorum reports (ZSET origin -> expiry)
+    {prefix}:{cb:<name>}:<key>:open      the open signal (value: member), PX = cool-down
+    {prefix}:{cb:<name>}:<key>:probe     the fleet probe lease (value: member; SET NX PX)
+    {prefix}:{cb:<name>}:<key>:reports   quorum reports (ZSET process -> expiry)
     {prefix}:{cb:<name>}:index           open keys (ZSET key -> expiry), for the cached read
     channel {prefix}:cb:events           JSON messages {op, name, key, ttl, origin}
+
+A *member* is one breaker (``SharedState.origin``): two breakers of one name in one
+process hear each other and hold probe leases of their own. A quorum counts processes
+(``_Hub.origin``): two breakers of a process that see the same failures are one report.
 """
 
 from __future__ import annotations
@@ -74,7 +78,7 @@ local quorum = tonumber(ARGV[3])
 local reports = 1
 if quorum > 1 then
   redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
-  redis.call('ZADD', KEYS[3], now + ttl, ARGV[2])
+  redis.call('ZADD', KEYS[3], now + ttl, ARGV[7])
   redis.call('PEXPIRE', KEYS[3], ttl)
   reports = redis.call('ZCARD', KEYS[3])
   if reports < quorum then
@@ -113,7 +117,12 @@ if signal and signal ~= ARGV[1] then
   if left > 0 then return {0, left} end
 end
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return {1, 0} end
-if redis.call('GET', KEYS[1]) == ARGV[1] then return {1, 0} end
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  -- Won again while our lease lasts: a whole lease from now, as a new win gets (what
+  -- is left of it may end before the first renewal, a lease / 3 from now).
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return {1, 0}
+end
 return {0, redis.call('PTTL', KEYS[1])}
 """
 
@@ -162,7 +171,7 @@ class _Hub:
 
     def __init__(self, backend: Any) -> None:
         self.backend = backend
-        #: This process's identity on the channel (messages from it are skipped).
+        #: This process's identity in quorum reports (each breaker has its own origin).
         self.origin = uuid.uuid4().hex
         self.channel = f"{backend.prefix}:cb:events"
         self.connected = False
@@ -226,8 +235,11 @@ class _Hub:
         self._publisher = None
         members = self._live()
         for member in members:
+            member.origin = uuid.uuid4().hex  # the parent's leases and messages are not ours
             member._unsent_lock = threading.Lock()
             member._unsent = {}  # the parent's trips, not this process's to report
+            member._closing = {}  # the parent's closes, likewise
+            member._unsent_closes = {}
         if not self.stopped and members:
             self._start_threads()
 
@@ -342,10 +354,11 @@ class _Hub:
     def _dispatch(self, data: Any) -> None:
         try:
             message = json.loads(data)
-            if message.get("origin") == self.origin:
-                return
+            origin = message.get("origin")
             trips = int(message.get("trips", 0))
             for member in list(self._members.get(message["name"], ())):
+                if member.origin == origin:
+                    continue  # its own message; another breaker of this process hears it
                 ttl = float(message.get("ttl", 0))
                 member._remote(message["op"], message.get("key"), ttl, trips)
         except Exception:
@@ -447,9 +460,20 @@ class SharedState:
         self._tag = backend.key("cb", _safe(self.name))
         self._index = self._tag + ":index"
         self._hub = _Hub.for_backend(backend)
+        #: This breaker's identity in the fleet: its messages, open signals and probe
+        #: leases (a new one in a forked child).
+        self.origin = uuid.uuid4().hex
         # Trips not published (Redis unreachable): wire key -> (key, monotonic end of
         # the cool-down, trips, quorum); sent again once Redis answers (see _poll).
         self._unsent: dict[str | None, tuple[Hashable, float, int, int]] = {}
+        # Closes the fleet's index may not show yet: index member -> (key, op, the
+        # monotonic time the close reached Redis, None while it has not). A poll that
+        # started before that time may read the trip the close removed: it must not
+        # re-open this breaker from it.
+        self._closing: dict[str, tuple[Hashable, str, float | None]] = {}
+        # Closes not published (Redis unreachable): wire key -> (key, op); sent again
+        # once Redis answers, if the breaker is still closed.
+        self._unsent_closes: dict[str | None, tuple[Hashable, str]] = {}
         self._unsent_lock = threading.Lock()
         #: Messages sent / applied, and fleet elections won / lost.
         self.published = 0
@@ -472,11 +496,6 @@ class SharedState:
         """
         self._closed = True
         self._hub.unregister(self)
-
-    @property
-    def origin(self) -> str:
-        """This process's identity in the fleet."""
-        return self._hub.origin
 
     @property
     def connected(self) -> bool:
@@ -510,6 +529,9 @@ class SharedState:
             ttl = max(1, int(open_for * 1000))
             # An operator's open() opens the fleet at once: it is no report to a quorum.
             quorum = 1 if reason == "manual" else self.quorum
+            with self._unsent_lock:
+                self._closing.pop(wire or "", None)  # tripped again: that close is old news
+                self._unsent_closes.pop(wire, None)
             self._hub.submit(
                 (self.name, wire), lambda: self._publish_open(key, wire, ttl, trips, quorum)
             )
@@ -517,7 +539,13 @@ class SharedState:
             # An operator's close() closes the fleet, cool-downs of their own included
             # ("reset"); a probe's success closes those that wait for it ("close").
             op = "reset" if reason == "manual" else "close"
-            self._hub.submit((self.name, wire), lambda: self._publish_close(wire, op))
+            with self._unsent_lock:
+                closing = self._closing
+                closing.pop(wire or "", None)  # re-inserted as the newest
+                if len(closing) >= _MAX_PENDING:
+                    del closing[next(iter(closing))]
+                closing[wire or ""] = (key, op, None)
+            self._hub.submit((self.name, wire), lambda: self._publish_close(key, wire, op))
 
     def _message(self, op: str, key: str | None, ttl: int = 0, trips: int = 0) -> str:
         return json.dumps(
@@ -526,7 +554,7 @@ class SharedState:
                 "name": self.name,
                 "key": key,
                 "ttl": ttl,
-                "origin": self._hub.origin,
+                "origin": self.origin,
                 "trips": trips,
             }
         )
@@ -534,9 +562,10 @@ class SharedState:
     def _publish_open(
         self, key: Hashable, wire: str | None, ttl: int, trips: int, quorum: int
     ) -> None:
-        args = [ttl, self._hub.origin, quorum, wire or "", self._hub.channel]
+        args = [ttl, self.origin, quorum, wire or "", self._hub.channel]
         message = self._message("open", wire, ttl, trips)
-        sent = self._run(self._trip, self._keys(wire), [*args, message]) is not None
+        sent = self._run(self._trip, self._keys(wire), [*args, message, self._hub.origin])
+        sent = sent is not None
         with self._unsent_lock:
             if sent:
                 self._unsent.pop(wire, None)
@@ -551,16 +580,30 @@ class SharedState:
                     del unsent[next(iter(unsent))]
             unsent[wire] = (key, now + ttl / 1000.0, trips, quorum)
 
-    def _publish_close(self, key: str | None, op: str = "close") -> None:
+    def _publish_close(self, key: Hashable, wire: str | None, op: str = "close") -> None:
         with self._unsent_lock:
-            self._unsent.pop(key, None)  # closed since: that trip is news no more
-        args = [key or "", self._hub.channel, self._message(op, key)]
-        self._run(self._close, self._keys(key), args)
+            self._unsent.pop(wire, None)  # closed since: that trip is news no more
+        args = [wire or "", self._hub.channel, self._message(op, wire)]
+        sent = self._run(self._close, self._keys(wire), args) is not None
+        with self._unsent_lock:
+            if self._closing.get(wire or "") != (key, op, None):
+                return  # tripped (or closed) again since: the newer state is what counts
+            if sent:
+                self._unsent_closes.pop(wire, None)
+                self._closing[wire or ""] = (key, op, time.monotonic())
+            else:
+                self._unsent_closes[wire] = (key, op)
 
     def _resend(self, breaker: CircuitBreaker) -> None:
-        """Publish the trips Redis missed, for what is left of their cool-downs."""
+        """Publish the closes Redis missed (of breakers still closed), and the trips,
+        for what is left of their cool-downs."""
         with self._unsent_lock:
             unsent, self._unsent = self._unsent, {}
+            closes, self._unsent_closes = self._unsent_closes, {}
+        for wire, (key, op) in closes.items():
+            if breaker.state_of(key) is CircuitState.CLOSED:
+                job = functools.partial(self._publish_close, key, wire, op)
+                self._hub.submit((self.name, wire), job)
         now = time.monotonic()
         for wire, (key, until, trips, quorum) in unsent.items():
             ttl = int((until - now) * 1000)
@@ -616,7 +659,7 @@ class SharedState:
         keys = self._elect_keys(key)[:1]
         every = self.lease_ms / 3000.0
         shared_ref = weakref.ref(self)
-        origin, lease_ms, script = self._hub.origin, self.lease_ms, self._renew
+        origin, lease_ms, script = self.origin, self.lease_ms, self._renew
 
         def renew() -> float | None:
             shared = shared_ref()
@@ -641,7 +684,7 @@ class SharedState:
         Redis errors count as a win: without Redis, the local breaker decides.
         """
         try:
-            raw = self._elect.run(self._elect_keys(key), [self._hub.origin, self.lease_ms])
+            raw = self._elect.run(self._elect_keys(key), [self.origin, self.lease_ms])
         except Exception as exc:
             self._failed(exc, key)
             return True, 0.0
@@ -651,9 +694,7 @@ class SharedState:
     async def elect_async(self, key: Hashable) -> tuple[bool, float]:
         """:meth:`elect` for async callers (asyncio client, or a worker thread on trio)."""
         try:
-            raw = await self._elect.run_async(
-                self._elect_keys(key), [self._hub.origin, self.lease_ms]
-            )
+            raw = await self._elect.run_async(self._elect_keys(key), [self.origin, self.lease_ms])
         except Exception as exc:
             self._failed(exc, key)
             return True, 0.0
@@ -673,17 +714,24 @@ class SharedState:
         breaker = self._breaker()
         if breaker is None:
             return
-        try:
-            raw = self._poll_script.run([self._index], [])
-        except Exception as exc:
-            self._failed(exc)
-            raise
+        started = time.monotonic()
+        # A failure propagates to the subscriber loop, which reports it (once) to every
+        # breaker of the backend as the connection lost.
+        raw = self._poll_script.run([self._index], [])
         self._failover.succeeded()
-        if self._unsent:
+        with self._unsent_lock:
+            # Closes that reached Redis before this poll began are in what it read.
+            closing = self._closing
+            for done in [w for w, (_, _, at) in closing.items() if at is not None and at < started]:
+                del closing[done]
+            closes = set(closing)
+        if self._unsent or self._unsent_closes:
             self._resend(breaker)
         for index in range(0, len(raw), 2):
             member = raw[index]
             wire = member.decode() if isinstance(member, bytes) else str(member)
+            if wire in closes:
+                continue  # closed here since (or unsent): not this breaker's to re-open
             key = wire if breaker.keyed else None
             if breaker.state_of(key) is CircuitState.CLOSED:
                 self.applied += 1

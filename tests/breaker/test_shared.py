@@ -176,6 +176,44 @@ def test_breakers_sharing_a_name_and_a_backend_all_hear_the_fleet(
             breaker.shared.close()
 
 
+def test_breakers_sharing_a_name_and_a_backend_are_members_of_their_own(
+    fleet: Fleet, redis_server: RedisServer
+) -> None:
+    """Two breakers of one name on one backend hear each other's trips as another
+    process's, and only one of them wins the fleet's probe. (They shared the process's
+    identity: a trip of one never reached the other, and both won the probe.)"""
+    backend = RedisBackend.from_url(redis_server.url, timeout=1.0)
+    options: dict[str, Any] = {
+        "name": "fleet",
+        "failure_rate": None,
+        "consecutive_failures": 2,
+        "open_for": OPEN_FOR,
+        "sync_interval": 30.0,
+    }
+    first = CircuitBreaker(backend=backend, **options)
+    second = CircuitBreaker(backend=backend, **options)
+    other = fleet.add()
+    try:
+        assert wait_for(lambda: first.shared is not None and first.shared.connected)
+        heard = opened_event(second)
+        for _ in range(2):
+            with pytest.raises(Boom):
+                first.call(boom)
+        assert heard.wait(3)
+        assert second.state is CircuitState.OPEN
+        time.sleep(OPEN_FOR + 0.05)
+        probes = []
+        for breaker in (first, second, other):
+            with contextlib.suppress(rs.CircuitOpen):
+                probes.append(breaker.acquire_nowait())
+        assert len(probes) == 1
+        probes[0].success()
+    finally:
+        for breaker in (first, second):
+            assert breaker.shared is not None
+            breaker.shared.close()
+
+
 def test_exactly_one_probe_fleet_wide_and_its_success_closes_all(fleet: Fleet) -> None:
     """After the cool-down one process wins the probe; its success closes everybody."""
     a, b, c = fleet.add(), fleet.add(), fleet.add()
@@ -410,6 +448,27 @@ def test_a_probe_after_an_ignored_one_is_elected_again(fleet: Fleet) -> None:
         probe.success()
 
 
+def test_a_probe_won_again_late_in_the_lease_holds_a_whole_lease(fleet: Fleet) -> None:
+    """A winner that probes again when less than a renewal interval of its lease is
+    left holds a whole lease from that win: no other process probes beside it. (The
+    lease was kept as it was, ended before its first renewal, and a second process
+    won a probe too.)"""
+    a, b = fleet.add(), fleet.add()
+    trip_and_cool_down(a, b)
+    assert a.shared is not None
+    won_at = time.monotonic()
+    a.acquire_nowait().ignore()  # a wins the fleet probe (a 1 s lease), gives it back
+    time.sleep(0.8)  # its renewal stopped; less than a third of the lease is left
+    probe = a.acquire_nowait()
+    assert a.shared.statistics()["won"] == 2
+    try:
+        time.sleep(max(0.0, won_at + 1.1 - time.monotonic()))  # past the first lease
+        with pytest.raises(rs.CircuitOpen):
+            b.acquire_nowait()
+    finally:
+        probe.success()
+
+
 def test_the_probe_lease_keeper_runs_no_listener(fleet: Fleet) -> None:
     """The winner's lease is renewed by the process's lease keeper thread, which also
     renews bulkhead leases: it never moves a breaker (an overdue probe is noticed by the
@@ -586,6 +645,40 @@ def test_a_trip_made_while_redis_was_down_reaches_the_fleet_once_it_is_back(
     assert 20 < caught.value.retry_after <= 30.0
 
 
+def test_a_close_made_while_redis_is_down_reaches_the_fleet_once_it_is_back(
+    fleet: Fleet, redis_server: RedisServer
+) -> None:
+    """An operator's close() that Redis did not take is sent when Redis answers again:
+    the others close, and the closed breaker does not re-open from the fleet's record
+    of the trip it closed. (The close was dropped: the breaker re-opened itself at its
+    next poll, and the others stayed open for the rest of the cool-down.)"""
+    a = fleet.add(open_for=30, sync_interval=0.2)
+    b = fleet.add(open_for=30, sync_interval=0.2)
+    assert a.shared is not None
+    moves: list[tuple[str, str]] = []
+    a.add_listener(
+        lambda e: moves.append((e.new, e.reason)) if isinstance(e, BreakerStateChanged) else None
+    )
+    heard = opened_event(b)
+    a.open()
+    assert heard.wait(3)
+    assert wait_for(lambda: a.shared is not None and a.shared.statistics()["published"] >= 1)
+    redis_server.pause()
+    try:
+        errors = a.shared.statistics()["backend_errors"]
+        a.close()
+        assert wait_for(
+            lambda: a.shared is not None and a.shared.statistics()["backend_errors"] > errors, 5
+        )
+        assert b.state is CircuitState.OPEN
+    finally:
+        redis_server.resume()
+    assert wait_for(lambda: b.state is CircuitState.CLOSED, timeout=5)
+    time.sleep(0.5)  # two more polls of a's
+    assert a.state is CircuitState.CLOSED
+    assert moves == [("open", "manual"), ("closed", "manual")]
+
+
 def test_a_trip_closed_during_the_outage_is_not_sent_later(
     fleet: Fleet, redis_server: RedisServer
 ) -> None:
@@ -747,6 +840,24 @@ def one_failure_trips(
     )
     assert wait_for(lambda: breaker.shared is not None and breaker.shared.connected)
     return breaker
+
+
+def test_a_failed_poll_is_one_backend_error(fleet: Fleet, redis_server: RedisServer) -> None:
+    """Redis not answering a poll is one error and one fallback, as the connection lost.
+    (The poll reported its failure, and the subscriber reported it again.)"""
+    a = fleet.add(sync_interval=0.2)
+    assert a.shared is not None
+    fallbacks: list[rs.Event] = []
+    a.add_listener(lambda e: fallbacks.append(e) if isinstance(e, rs.BackendFallback) else None)
+    redis_server.pause()
+    try:
+        assert wait_for(lambda: a.shared is not None and not a.shared.connected, timeout=5)
+        stats = a.shared.statistics()
+    finally:
+        redis_server.resume()
+    assert len(fallbacks) == 1
+    assert stats["backend_errors"] == 1
+    assert stats["fallback_decisions"] == 1
 
 
 def test_paused_redis_costs_at_most_one_backend_timeout(redis_server: RedisServer) -> None:
