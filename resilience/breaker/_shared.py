@@ -724,14 +724,13 @@ class SharedState:
             closing = self._closing
             for done in [w for w, (_, _, at) in closing.items() if at is not None and at < started]:
                 del closing[done]
-            closes = set(closing)
         if self._unsent or self._unsent_closes:
             self._resend(breaker)
         for index in range(0, len(raw), 2):
             member = raw[index]
             wire = member.decode() if isinstance(member, bytes) else str(member)
-            if wire in closes:
-                continue  # closed here since (or unsent): not this breaker's to re-open
+            if wire in self._closing:  # read now, so a close made during this poll counts
+                continue  # this breaker closed it since: not a trip to re-open for
             key = wire if breaker.keyed else None
             if breaker.state_of(key) is CircuitState.CLOSED:
                 self.applied += 1
