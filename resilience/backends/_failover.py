@@ -140,6 +140,11 @@ class Failover:
         self._backoff = min(self._backoff * 2, self.max_probe_interval)
         return True
 
+    def failing(self) -> bool:
+        """``not healthy``, read anew (a check after one made before a call that may
+        have changed it)."""
+        return not self.healthy
+
     def succeeded(self) -> None:
         """Report a successful backend call; ends a failure episode (event + counter)."""
         if self.healthy:

@@ -15,8 +15,8 @@ token, reaping expired leases), renew and release a lease in one ``EVALSHA`` eac
 * When Redis fails, ``on_backend_error`` applies through the shared
   :class:`~resilience.backends.Failover`: an in-process twin of ``local_limit`` slots,
   admit, or raise :class:`~resilience.BackendError`. The twin is the process's ledger:
-  every lease granted here also occupies a twin slot, so the leases held when Redis
-  fails count against ``local_limit``. When Redis answers again (a caller's first
+  every lease asked for or granted here also occupies a twin slot, so the leases held
+  (or on their way) when Redis fails count against ``local_limit``. When Redis answers again (a caller's first
   success, or the keeper's check every second while anything waits) the keeper sends
   the releases that failed and enters the local slots still held as leases (past the
   limit if need be: their holders are running), so Redis counts the whole fleet again.
@@ -708,14 +708,21 @@ class Distributed:
         if attempt.signal is not None:
             attempt.signal.clear()
         attempt.in_flight = True
+        if self.twin is not None:
+            # The twin counts the lease from now on, not once granted: if Redis fails
+            # while the reply is on its way, the process's own local slots must leave
+            # room for it (a grant arriving after them put the process over its limit).
+            self.twin._slots.occupy(attempt.key)
 
     def _after_try(self, attempt: _Attempt, reply: Any) -> Permit | float:
         """Turn a reply of the acquire script into a permit or a sleep (raises if full)."""
         attempt.in_flight = False
         self.failover.succeeded()
+        granted, count, wait_ms = int(reply[0]), int(reply[1]), int(reply[2])
+        if not granted:
+            self._twin_gives_back(attempt.key)
         if self._local or self._unreleased:
             self._reconcile_soon()
-        granted, count, wait_ms = int(reply[0]), int(reply[1]), int(reply[2])
         if granted:
             permit = self._grant(attempt)
             if count < self.limit:
@@ -766,6 +773,9 @@ class Distributed:
         # The script may have run before the reply was lost: drop that lease, if any.
         self.release_later(attempt.keys, attempt.token)
         self.failover.failed(error, attempt.key)
+        self._twin_gives_back(attempt.key)
+        # Slots the twin took back from waiters let go to Redis are theirs again.
+        self._fill_twin()
         # Every waiter sleeps on a signal Redis will not send now: wake them, so that
         # each takes the failure mode at once rather than at its deadline.
         self._wake_all_waiters()
@@ -777,6 +787,7 @@ class Distributed:
         if attempt.in_flight:  # cancelled during the round trip: the lease may exist
             attempt.in_flight = False
             self.release_later(attempt.keys, attempt.token)
+            self._twin_gives_back(attempt.key)
 
     def _grant(self, attempt: _Attempt) -> LeasePermit:
         if attempt.queued:
@@ -790,10 +801,40 @@ class Distributed:
         key = attempt.key
         with self.lock:
             self._held[key] = self._held.get(key, 0) + 1
-        if self.twin is not None:
-            self.twin._slots.occupy(key)
+        # (the twin counts it since the try: see _before_try)
         KEEPER.schedule(_now() + self.renew_every, job)
         return permit
+
+    def _twin_gives_back(self, key: Hashable) -> None:
+        """A slot of ``key`` the twin counts is over (a lease, or an attempt at one).
+
+        While Redis fails it goes to the twin's next waiter. While Redis answers it is
+        only counted down: the twin's waiters then ask Redis one at a time (see
+        :meth:`_local_slot_kept`), and get the twin's free slots if it fails again
+        (:meth:`_fill_twin`).
+        """
+        twin = self.twin
+        if twin is None:
+            return
+        failover = self.failover
+        if not failover.healthy:
+            twin._give_back(key, None)
+            return
+        twin._slots.retract(key)
+        if failover.failing():  # just now: the slot may be a waiter's
+            self._fill_twin()
+
+    def _fill_twin(self) -> None:
+        """Redis fails: the twin's free slots go to its waiters (see ``Slots.retract``)."""
+        twin = self.twin
+        if twin is None:
+            return
+        slots = twin._slots
+        with slots.lock:
+            keys = list(slots.queues)
+        for key in keys:
+            for waiter in slots.fill(key):
+                twin._wake(waiter)
 
     def _without_twin(self, key: Hashable) -> Permit | None:
         """The failure mode's answer when it needs no twin slot (raises if ``"closed"``)."""
@@ -875,6 +916,8 @@ class Distributed:
         if not self.failover.healthy and not slots.over_limit(key):
             return True
         slots.retract(key)
+        if self.failover.failing():  # failed again just now: the slot may be a waiter's
+            self._fill_twin()
         return False
 
     def _start_turn(self, key: Hashable) -> list[bool]:
@@ -1168,8 +1211,7 @@ class Distributed:
                 self._held[key] = n
             else:
                 self._held.pop(key, None)
-        if self.twin is not None:
-            self.twin._give_back(key, None)
+        self._twin_gives_back(key)
 
     def release_now(self, keys: list[str], token: str) -> None:
         """Release ``token``'s lease, if any; if Redis fails, again once it answers.

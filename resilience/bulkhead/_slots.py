@@ -116,10 +116,13 @@ class Slots:
     # ------------------------------------------------------------------ admitted path
 
     def try_acquire(self, key: Hashable) -> int:
-        """Take a slot of ``key`` if one is free: the new count, or 0 when all are held."""
+        """Take a slot of ``key`` if one is free and nobody waits for one: the new
+        count, or 0."""
         with self.lock:
             n = self.in_use.get(key, 0)
-            if n < self.limit:
+            # Waiters while a slot is free: a twin's slots taken back (see retract)
+            # until fill() hands them out; nobody barges past them meanwhile.
+            if n < self.limit and not (self.queues and key in self.queues):
                 self.in_use[key] = n + 1
                 return n + 1
         return 0
@@ -150,9 +153,27 @@ class Slots:
 
     def retract(self, key: Hashable) -> None:
         """Take back a slot of ``key`` without handing it to a waiter (a distributed
-        bulkhead's twin, for a waiter let go to ask Redis instead)."""
+        bulkhead's twin, for a waiter let go to ask Redis instead).
+
+        Waiters may then queue while a slot is free: newcomers queue behind them, and
+        :meth:`fill` hands the free slots out when the twin is used again.
+        """
         with self.lock:
             self._count_down(key)
+
+    def fill(self, key: Hashable) -> list[Waiter]:
+        """Hand the free slots of ``key`` to its first waiters; returns them (to wake)."""
+        granted: list[Waiter] = []
+        with self.lock:
+            queue = self.queues.get(key)
+            while queue is not None and self.in_use.get(key, 0) < self.limit:
+                self.in_use[key] = self.in_use.get(key, 0) + 1
+                waiter = self._hand_off(key, queue)
+                if waiter is None:  # pragma: no cover - live counts are right
+                    break
+                granted.append(waiter)
+                queue = self.queues.get(key)
+        return granted
 
     def over_limit(self, key: Hashable) -> bool:
         """Whether more slots of ``key`` are counted than the limit allows."""
@@ -176,7 +197,7 @@ class Slots:
         key = waiter.key
         with self.lock:
             n = self.in_use.get(key, 0)
-            if n < self.limit:
+            if n < self.limit and key not in self.queues:  # (see try_acquire)
                 self.in_use[key] = n + 1
                 waiter.state = GRANTED
                 return True

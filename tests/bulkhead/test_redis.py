@@ -13,6 +13,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import anyio
 import pytest
@@ -592,6 +593,47 @@ def test_leases_held_when_redis_fails_count_against_local_limit(
     assert bulkhead.statistics("k").in_flight == 0
 
 
+def test_an_acquire_in_flight_when_redis_fails_counts_against_local_limit(
+    redis_server: RedisServer, fault_proxy: Any
+) -> None:
+    """A lease asked for just before Redis fails, whose grant arrives after, counts in
+    the twin from the moment it was asked for: the process's local slots leave room for
+    it, and the process never holds more than ``max_concurrent``. (The twin counted it
+    once granted: a local slot taken meanwhile made 3 of 2.)"""
+    proxy = fault_proxy(redis_server.port)
+    backend = RedisBackend.from_url(proxy.url("redis", "/0"), timeout=5.0)
+    bulkhead = rs.Bulkhead(2, backend=backend, name="in-flight")
+    direct = RedisBackend.from_url(redis_server.url)
+    fleet = rs.Bulkhead(2, backend=direct, name="in-flight")  # reads Redis, not the proxy
+    held = [bulkhead.acquire_nowait("k")]  # a lease: the twin counts 1 of 2
+    got: list[rs.Permit] = []
+    proxy.set(latency=1.0)  # replies come a second late
+    asking = threading.Thread(target=lambda: got.append(bulkhead.acquire_nowait("k")))
+    asking.start()
+    try:
+        wait_until(lambda: fleet.statistics("k").shared_in_flight == 2)  # granted in Redis
+        proxy.set(reset_new=True)  # another call needs a new connection: reset at once
+        other = bulkhead.acquire_nowait("x")  # Redis failed: the twin decides
+        assert bulkhead._remote is not None
+        assert not bulkhead._remote.failover.healthy
+        assert not got  # the grant is still on its way
+        with pytest.raises(rs.BulkheadFull):
+            bulkhead.acquire_nowait("k")  # 1 lease + 1 asked for = local_limit
+        other.release()
+    finally:
+        proxy.heal()
+    asking.join(10)
+    held += got
+    assert len(held) == 2
+    assert bulkhead.statistics("k").in_flight == 2
+    for permit in held:
+        permit.release()
+    wait_until(lambda: fleet.statistics("k").shared_in_flight == 0)
+    assert bulkhead.statistics("k").in_flight == 0
+    backend.close()
+    direct.close()
+
+
 def test_a_released_lease_does_not_hand_a_slot_over_the_local_limit(
     redis_server: RedisServer, backends: Callable[..., RedisBackend]
 ) -> None:
@@ -732,6 +774,60 @@ def test_local_waiters_go_back_to_redis_by_priority_once_it_answers(
         permit.release()
     assert other.statistics("k").shared_in_flight == 0
     assert bulkhead.statistics("k").waiting == 0
+
+
+def test_when_redis_fails_again_the_twin_s_free_slot_goes_to_its_oldest_waiter(
+    redis_server: RedisServer, backends: Callable[..., RedisBackend]
+) -> None:
+    """A local slot given back while Redis answers stays free for the twin's waiters,
+    who ask Redis one at a time; if Redis fails again before their turn, the first
+    of them gets it, and a newcomer does not barge past them. (The slot went to a
+    waiter that then asked Redis and gave it up: a newer, less urgent caller took it
+    at once while an older one kept waiting.)"""
+    bulkhead = rs.Bulkhead(2, backend=backends(timeout=0.05), name="barge", local_limit=1)
+    other = rs.Bulkhead(2, backend=backends(), name="barge")  # another process
+    theirs = [other.acquire_nowait("k") for _ in range(2)]  # the fleet is full
+    assert bulkhead._remote is not None
+    remote = bulkhead._remote
+    assert remote.twin is not None
+    twin = remote.twin
+    got: list[str] = []
+    permits: list[rs.Permit] = []
+
+    def wait(tag: str) -> None:
+        with contextlib.suppress(rs.BulkheadFull):
+            permits.append(bulkhead.acquire("k", max_wait=8))
+            got.append(tag)
+
+    waiters = [threading.Thread(target=wait, args=(tag,)) for tag in ("w1", "w2", "w3")]
+    redis_server.pause()
+    try:
+        mine = bulkhead.acquire_nowait("k")  # Redis does not answer: the twin's slot
+        for count, waiter in enumerate(waiters, 1):
+            waiter.start()
+            wait_until(lambda count=count: twin.statistics("k").waiting == count)
+    finally:
+        redis_server.resume()
+    _back_on_redis(bulkhead, "k")
+    wait_until(lambda: remote.waiting("k") == 1)  # w1 asks Redis (full), w2, w3 queue here
+    mine.release()  # the twin's slot frees
+    redis_server.pause()
+    try:
+        with pytest.raises(rs.BulkheadFull):
+            bulkhead.acquire("k", priority=10, max_wait=0)  # Redis fails: the twin decides
+        wait_until(lambda: got == ["w2"])  # the first waiter of the twin has the slot
+        wait_until(lambda: twin.statistics("k").waiting == 2)  # w1 (back from Redis), w3
+    finally:
+        redis_server.resume()
+    permits[0].release()
+    for permit in theirs:
+        permit.release()
+    for waiter in waiters:
+        waiter.join(10)
+    for permit in permits[1:]:
+        permit.release()
+    assert sorted(got) == ["w1", "w2", "w3"]
+    wait_until(lambda: other.statistics("k").shared_in_flight == 0)
 
 
 def test_a_twin_waiter_cancelled_as_it_is_let_go_passes_its_turn_on(
