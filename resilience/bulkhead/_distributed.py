@@ -18,9 +18,9 @@ token, reaping expired leases), renew and release a lease in one ``EVALSHA`` eac
   every lease asked for or granted here also occupies a twin slot, so the leases held
   (or on their way) when Redis fails count against ``local_limit``. When Redis answers
   again (a caller's first success, or the keeper's check every second while anything
-  waits) the keeper sends
-  the releases that failed and enters the local slots still held as leases (past the
-  limit if need be: their holders are running), so Redis counts the whole fleet again.
+  waits) the keeper sends the releases that failed and enters the local slots still
+  held as leases (past the limit if need be: their holders are running), so Redis
+  counts the whole fleet again.
 """
 
 from __future__ import annotations
