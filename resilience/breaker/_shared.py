@@ -30,6 +30,7 @@ Keys (all of one breaker share one Redis Cluster hash tag)::
     {prefix}:{cb:<name>}:<key>:probe     the fleet probe lease (value: member; SET NX PX)
     {prefix}:{cb:<name>}:<key>:reports   quorum reports (ZSET process -> expiry)
     {prefix}:{cb:<name>}:index           open keys (ZSET key -> expiry), for the cached read
+    {prefix}:{cb:<name>}:started         open keys (ZSET key -> when their newest trip began)
     channel {prefix}:cb:events           JSON messages {op, name, key, ttl, origin}
 
 A *member* is one breaker (``SharedState.origin``): two breakers of one name in one
@@ -65,7 +66,7 @@ __all__ = ["SharedState"]
 logger = logging.getLogger("resilience.breaker")
 
 _STOP = object()  # tells the publisher thread to exit
-#: Publishes waiting for the publisher thread, at most: one per (name, key), the newest
+#: Publishes waiting for the publisher thread, at most: one per (breaker, key), the newest
 #: state replacing an older one still queued; past this cap a publish is dropped (the
 #: fleet still learns the state by polling).
 _MAX_PENDING = 10_000
@@ -99,13 +100,23 @@ redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
 local score = tonumber(redis.call('ZSCORE', KEYS[2], ARGV[4]) or '0')
 if score < now + ttl then redis.call('ZADD', KEYS[2], now + ttl, ARGV[4]) end
 if redis.call('PTTL', KEYS[2]) < ttl then redis.call('PEXPIRE', KEYS[2], ttl) end
+-- When the newest trip of the key began: a close made before it must not undo it.
+redis.call('ZADD', KEYS[5], now, ARGV[4])
+if redis.call('PTTL', KEYS[5]) < ttl then redis.call('PEXPIRE', KEYS[5], ttl) end
 redis.call('PUBLISH', ARGV[5], ARGV[6])
 return {1, reports}
 """
 
+# ARGV[4]: how long ago (ms) the close was made. A trip that began after it (another
+# process's, while this close waited for Redis) stands: nothing is closed.
 _CLOSE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local began = redis.call('ZSCORE', KEYS[5], ARGV[1])
+if began and tonumber(began) > now - tonumber(ARGV[4]) then return 0 end
 redis.call('DEL', KEYS[1], KEYS[3], KEYS[4])
 redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('ZREM', KEYS[5], ARGV[1])
 redis.call('PUBLISH', ARGV[2], ARGV[3])
 return 1
 """
@@ -137,12 +148,17 @@ return 0
 _POLL = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+for _, gone in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)) do
+  redis.call('ZREM', KEYS[2], gone)
+end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 local entries = redis.call('ZRANGEBYSCORE', KEYS[1], now, '+inf', 'WITHSCORES')
 local out = {}
 for i = 1, #entries, 2 do
   out[#out + 1] = entries[i]
   out[#out + 1] = tonumber(entries[i + 1]) - now
+  local began = redis.call('ZSCORE', KEYS[2], entries[i])
+  out[#out + 1] = began and now - tonumber(began) or -1
 end
 return out
 """
@@ -238,7 +254,7 @@ class _Hub:
             member.origin = uuid.uuid4().hex  # the parent's leases and messages are not ours
             member._unsent_lock = threading.Lock()
             member._unsent = {}  # the parent's trips, not this process's to report
-            member._closing = {}  # the parent's closes, likewise
+            member._closed_at = {}  # the parent's closes, likewise
             member._unsent_closes = {}
         if not self.stopped and members:
             self._start_threads()
@@ -281,7 +297,7 @@ class _Hub:
     def submit(self, slot: Hashable, job: Callable[[], object]) -> None:
         """Run ``job`` on the publisher thread (never blocks the caller).
 
-        A job of a ``slot`` (a breaker name and key) still waiting is replaced: only the
+        A job of a ``slot`` (a breaker and a key) still waiting is replaced: only the
         newest state of a key is worth publishing, and the queue stays bounded when
         transitions come faster than Redis takes them.
         """
@@ -459,6 +475,7 @@ class SharedState:
         self._poll_script = backend.script(_POLL)
         self._tag = backend.key("cb", _safe(self.name))
         self._index = self._tag + ":index"
+        self._started = self._tag + ":started"
         self._hub = _Hub.for_backend(backend)
         #: This breaker's identity in the fleet: its messages, open signals and probe
         #: leases (a new one in a forked child).
@@ -466,14 +483,14 @@ class SharedState:
         # Trips not published (Redis unreachable): wire key -> (key, monotonic end of
         # the cool-down, trips, quorum); sent again once Redis answers (see _poll).
         self._unsent: dict[str | None, tuple[Hashable, float, int, int]] = {}
-        # Closes the fleet's index may not show yet: index member -> (key, op, the
-        # monotonic time the close reached Redis, None while it has not). A poll that
-        # started before that time may read the trip the close removed: it must not
-        # re-open this breaker from it.
-        self._closing: dict[str, tuple[Hashable, str, float | None]] = {}
-        # Closes not published (Redis unreachable): wire key -> (key, op); sent again
-        # once Redis answers, if the breaker is still closed.
-        self._unsent_closes: dict[str | None, tuple[Hashable, str]] = {}
+        # This breaker's closes, by index member: the monotonic time each was made. A
+        # poll does not re-open the breaker from a trip that began before its close (the
+        # trip it closed, still in the index if the close has not reached Redis).
+        self._closed_at: dict[str, float] = {}
+        # Closes not published (Redis unreachable): wire key -> (key, op, when made);
+        # sent again once Redis answers, if the breaker is still closed, and applied
+        # by Redis only if no trip began since.
+        self._unsent_closes: dict[str | None, tuple[Hashable, str, float]] = {}
         self._unsent_lock = threading.Lock()
         #: Messages sent / applied, and fleet elections won / lost.
         self.published = 0
@@ -509,7 +526,7 @@ class SharedState:
 
     def _keys(self, key: Hashable) -> list[str]:
         base = f"{self._tag}:{_safe('' if key is None else str(key))}"
-        return [base + ":open", self._index, base + ":reports", base + ":probe"]
+        return [base + ":open", self._index, base + ":reports", base + ":probe", self._started]
 
     # ---------------------------------------------------------------- outbound
 
@@ -530,22 +547,25 @@ class SharedState:
             # An operator's open() opens the fleet at once: it is no report to a quorum.
             quorum = 1 if reason == "manual" else self.quorum
             with self._unsent_lock:
-                self._closing.pop(wire or "", None)  # tripped again: that close is old news
+                self._closed_at.pop(wire or "", None)  # tripped since: that close is old news
                 self._unsent_closes.pop(wire, None)
             self._hub.submit(
-                (self.name, wire), lambda: self._publish_open(key, wire, ttl, trips, quorum)
+                (self.origin, wire), lambda: self._publish_open(key, wire, ttl, trips, quorum)
             )
         elif new is CircuitState.CLOSED and reason in ("probes_succeeded", "manual"):
             # An operator's close() closes the fleet, cool-downs of their own included
             # ("reset"); a probe's success closes those that wait for it ("close").
             op = "reset" if reason == "manual" else "close"
+            closed_at = time.monotonic()
             with self._unsent_lock:
-                closing = self._closing
-                closing.pop(wire or "", None)  # re-inserted as the newest
-                if len(closing) >= _MAX_PENDING:
-                    del closing[next(iter(closing))]
-                closing[wire or ""] = (key, op, None)
-            self._hub.submit((self.name, wire), lambda: self._publish_close(key, wire, op))
+                closed = self._closed_at
+                closed.pop(wire or "", None)  # re-inserted as the newest
+                if len(closed) >= _MAX_PENDING:
+                    del closed[next(iter(closed))]
+                closed[wire or ""] = closed_at
+            self._hub.submit(
+                (self.origin, wire), lambda: self._publish_close(key, wire, op, closed_at)
+            )
 
     def _message(self, op: str, key: str | None, ttl: int = 0, trips: int = 0) -> str:
         return json.dumps(
@@ -580,19 +600,18 @@ class SharedState:
                     del unsent[next(iter(unsent))]
             unsent[wire] = (key, now + ttl / 1000.0, trips, quorum)
 
-    def _publish_close(self, key: Hashable, wire: str | None, op: str = "close") -> None:
+    def _publish_close(self, key: Hashable, wire: str | None, op: str, closed_at: float) -> None:
         with self._unsent_lock:
             self._unsent.pop(wire, None)  # closed since: that trip is news no more
-        args = [wire or "", self._hub.channel, self._message(op, wire)]
+        age_ms = max(0, int((time.monotonic() - closed_at) * 1000))
+        args = [wire or "", self._hub.channel, self._message(op, wire), age_ms]
         sent = self._run(self._close, self._keys(wire), args) is not None
         with self._unsent_lock:
-            if self._closing.get(wire or "") != (key, op, None):
-                return  # tripped (or closed) again since: the newer state is what counts
             if sent:
-                self._unsent_closes.pop(wire, None)
-                self._closing[wire or ""] = (key, op, time.monotonic())
-            else:
-                self._unsent_closes[wire] = (key, op)
+                if self._unsent_closes.get(wire, (None, None, None))[2] == closed_at:
+                    del self._unsent_closes[wire]
+            elif self._closed_at.get(wire or "") == closed_at:  # still the newest news
+                self._unsent_closes[wire] = (key, op, closed_at)
 
     def _resend(self, breaker: CircuitBreaker) -> None:
         """Publish the closes Redis missed (of breakers still closed), and the trips,
@@ -600,16 +619,16 @@ class SharedState:
         with self._unsent_lock:
             unsent, self._unsent = self._unsent, {}
             closes, self._unsent_closes = self._unsent_closes, {}
-        for wire, (key, op) in closes.items():
+        for wire, (key, op, closed_at) in closes.items():
             if breaker.state_of(key) is CircuitState.CLOSED:
-                job = functools.partial(self._publish_close, key, wire, op)
-                self._hub.submit((self.name, wire), job)
+                job = functools.partial(self._publish_close, key, wire, op, closed_at)
+                self._hub.submit((self.origin, wire), job)
         now = time.monotonic()
         for wire, (key, until, trips, quorum) in unsent.items():
             ttl = int((until - now) * 1000)
             if ttl > 0 and breaker.state_of(key) is CircuitState.OPEN:
                 job = functools.partial(self._publish_open, key, wire, ttl, trips, quorum)
-                self._hub.submit((self.name, wire), job)
+                self._hub.submit((self.origin, wire), job)
 
     def _failed(self, exc: Exception, key: Hashable = None) -> None:
         if not isinstance(exc, BackendError):  # a client bug must not escape either
@@ -714,27 +733,32 @@ class SharedState:
         breaker = self._breaker()
         if breaker is None:
             return
-        started = time.monotonic()
+        began = time.monotonic()
         # A failure propagates to the subscriber loop, which reports it (once) to every
         # breaker of the backend as the connection lost.
-        raw = self._poll_script.run([self._index], [])
+        raw = self._poll_script.run([self._index, self._started], [])
+        read = time.monotonic()
         self._failover.succeeded()
-        with self._unsent_lock:
-            # Closes that reached Redis before this poll began are in what it read.
-            closing = self._closing
-            for done in [w for w, (_, _, at) in closing.items() if at is not None and at < started]:
-                del closing[done]
         if self._unsent or self._unsent_closes:
             self._resend(breaker)
-        for index in range(0, len(raw), 2):
+        listed = set()
+        for index in range(0, len(raw), 3):
             member = raw[index]
             wire = member.decode() if isinstance(member, bytes) else str(member)
-            if wire in self._closing:  # read now, so a close made during this poll counts
-                continue  # this breaker closed it since: not a trip to re-open for
+            listed.add(wire)
+            age = int(raw[index + 2]) / 1000.0
+            closed_at = self._closed_at.get(wire)
+            if closed_at is not None and age >= 0 and read - age < closed_at:
+                continue  # a trip that began before this breaker closed it
             key = wire if breaker.keyed else None
             if breaker.state_of(key) is CircuitState.CLOSED:
                 self.applied += 1
                 breaker._apply_remote(key, "open", int(raw[index + 1]) / 1000.0)
+        with self._unsent_lock:
+            # A close whose key has no trip left (made before this read) is done with.
+            closed = self._closed_at
+            for wire in [w for w, at in closed.items() if w not in listed and at < began]:
+                del closed[wire]
 
     def _connection_changed(self, connected: bool, error: BaseException | None) -> None:
         if connected:

@@ -679,6 +679,77 @@ def test_a_close_made_while_redis_is_down_reaches_the_fleet_once_it_is_back(
     assert moves == [("open", "manual"), ("closed", "manual")]
 
 
+def test_a_close_redis_missed_does_not_undo_a_trip_made_after_it(
+    fleet: Fleet, redis_server: RedisServer, fault_proxy: Any
+) -> None:
+    """A close made while its process could not reach Redis, sent once it can, does not
+    close a trip another process made after it: that trip stands, and the closing
+    process opens from it too. (The close was sent as it was and reset the fleet,
+    the tripping process's own cool-down included.)"""
+    proxy = fault_proxy(redis_server.port)
+    cut_off = Fleet(proxy.url("redis", "/0"))
+    a = cut_off.add(open_for=30, sync_interval=0.2)
+    try:
+        b, c = fleet.add(open_for=30), fleet.add(open_for=30)
+        assert a.shared is not None
+        moves: dict[str, list[tuple[str, str]]] = {"b": [], "c": []}
+        for name, breaker in (("b", b), ("c", c)):
+            breaker.add_listener(
+                lambda e, name=name: (
+                    moves[name].append((e.new, e.reason))
+                    if isinstance(e, BreakerStateChanged)
+                    else None
+                )
+            )
+        proxy.set(reset_new=True)
+        proxy.reset_connections()
+        assert wait_for(lambda: a.shared is not None and not a.shared.connected)
+        errors = a.shared.statistics()["backend_errors"]
+        a.close()  # an operator's close: it cannot reach Redis
+        assert wait_for(
+            lambda: a.shared is not None and a.shared.statistics()["backend_errors"] > errors
+        )
+        heard = opened_event(c)
+        for _ in range(2):
+            with pytest.raises(Boom):
+                b.call(boom)  # then b's dependency fails
+        assert heard.wait(3)
+        proxy.heal()
+        assert wait_for(lambda: a.state is CircuitState.OPEN, timeout=5)  # from the index
+        time.sleep(0.5)  # a's close had its chance to go out
+        assert b.state is CircuitState.OPEN
+        assert c.state is CircuitState.OPEN
+        assert moves == {"b": [("open", "consecutive_failures")], "c": [("open", "remote")]}
+    finally:
+        cut_off.close()
+
+
+def test_breakers_of_one_process_publish_each_their_own_news(redis_server: RedisServer) -> None:
+    """Two breakers of one name on one backend each get their publish out, even when
+    one's follows the other's at once. (They shared one publish slot per key, and the
+    later replaced the earlier still waiting: a close was never sent.)"""
+    backend = RedisBackend.from_url(redis_server.url, timeout=1.0)
+    first = _trips_at_once(backend, "siblings")
+    second = _trips_at_once(backend, "siblings")
+    assert first.shared is not None
+    assert second.shared is not None
+    hub = first.shared._hub
+    gate = threading.Event()
+    hub.submit(("busy", "gate"), gate.wait)  # holds the publisher thread
+    try:
+        first.close()  # a close for the fleet (from a closed breaker) ...
+        with pytest.raises(Boom):
+            second.call(boom)  # ... and a trip right after it
+    finally:
+        gate.set()
+    assert wait_for(lambda: first.shared is not None and first.shared.published == 1)
+    assert wait_for(lambda: second.shared is not None and second.shared.published == 1)
+    for breaker in (first, second):
+        assert breaker.shared is not None
+        breaker.shared.close()
+    backend.close()
+
+
 def test_a_trip_closed_during_the_outage_is_not_sent_later(
     fleet: Fleet, redis_server: RedisServer
 ) -> None:
