@@ -96,6 +96,9 @@ redis.call('DEL', KEYS[4])
 if redis.call('PTTL', KEYS[1]) < ttl then
   redis.call('SET', KEYS[1], ARGV[2], 'PX', ttl)
 end
+for _, gone in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now)) do
+  redis.call('ZREM', KEYS[5], gone)
+end
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
 local score = tonumber(redis.call('ZSCORE', KEYS[2], ARGV[4]) or '0')
 if score < now + ttl then redis.call('ZADD', KEYS[2], now + ttl, ARGV[4]) end
@@ -483,10 +486,11 @@ class SharedState:
         # Trips not published (Redis unreachable): wire key -> (key, monotonic end of
         # the cool-down, trips, quorum); sent again once Redis answers (see _poll).
         self._unsent: dict[str | None, tuple[Hashable, float, int, int]] = {}
-        # This breaker's closes, by index member: the monotonic time each was made. A
-        # poll does not re-open the breaker from a trip that began before its close (the
-        # trip it closed, still in the index if the close has not reached Redis).
-        self._closed_at: dict[str, float] = {}
+        # This breaker's closes, by index member: (the monotonic time each was made,
+        # whether it reached Redis). A poll does not re-open the breaker from a trip
+        # that began before its close (the trip it closed, still in the index if the
+        # close has not reached Redis).
+        self._closed_at: dict[str, tuple[float, bool]] = {}
         # Closes not published (Redis unreachable): wire key -> (key, op, when made);
         # sent again once Redis answers, if the breaker is still closed, and applied
         # by Redis only if no trip began since.
@@ -562,7 +566,7 @@ class SharedState:
                 closed.pop(wire or "", None)  # re-inserted as the newest
                 if len(closed) >= _MAX_PENDING:
                     del closed[next(iter(closed))]
-                closed[wire or ""] = closed_at
+                closed[wire or ""] = (closed_at, False)
             self._hub.submit(
                 (self.origin, wire), lambda: self._publish_close(key, wire, op, closed_at)
             )
@@ -607,10 +611,13 @@ class SharedState:
         args = [wire or "", self._hub.channel, self._message(op, wire), age_ms]
         sent = self._run(self._close, self._keys(wire), args) is not None
         with self._unsent_lock:
+            newest = self._closed_at.get(wire or "", (None, False))[0] == closed_at
             if sent:
                 if self._unsent_closes.get(wire, (None, None, None))[2] == closed_at:
                     del self._unsent_closes[wire]
-            elif self._closed_at.get(wire or "") == closed_at:  # still the newest news
+                if newest:
+                    self._closed_at[wire or ""] = (closed_at, True)
+            elif newest:  # no trip or close since: still news for the fleet
                 self._unsent_closes[wire] = (key, op, closed_at)
 
     def _resend(self, breaker: CircuitBreaker) -> None:
@@ -737,7 +744,6 @@ class SharedState:
         # A failure propagates to the subscriber loop, which reports it (once) to every
         # breaker of the backend as the connection lost.
         raw = self._poll_script.run([self._index, self._started], [])
-        read = time.monotonic()
         self._failover.succeeded()
         if self._unsent or self._unsent_closes:
             self._resend(breaker)
@@ -747,18 +753,22 @@ class SharedState:
             wire = member.decode() if isinstance(member, bytes) else str(member)
             listed.add(wire)
             age = int(raw[index + 2]) / 1000.0
-            closed_at = self._closed_at.get(wire)
-            if closed_at is not None and age >= 0 and read - age < closed_at:
+            closed = self._closed_at.get(wire)
+            # Dated from when the poll was sent (the earliest the trip can have begun):
+            # a reply that took long must not make the closed trip look newer.
+            if closed is not None and age >= 0 and began - age < closed[0]:
                 continue  # a trip that began before this breaker closed it
             key = wire if breaker.keyed else None
             if breaker.state_of(key) is CircuitState.CLOSED:
                 self.applied += 1
                 breaker._apply_remote(key, "open", int(raw[index + 1]) / 1000.0)
         with self._unsent_lock:
-            # A close whose key has no trip left (made before this read) is done with.
-            closed = self._closed_at
-            for wire in [w for w, at in closed.items() if w not in listed and at < began]:
-                del closed[wire]
+            # A close that reached Redis, made before this read and whose key has no
+            # trip left, is done with (a trip that began before it would be listed).
+            closes = self._closed_at
+            done = [w for w, (at, out) in closes.items() if out and at < began and w not in listed]
+            for wire in done:
+                del closes[wire]
 
     def _connection_changed(self, connected: bool, error: BaseException | None) -> None:
         if connected:

@@ -750,6 +750,89 @@ def test_breakers_of_one_process_publish_each_their_own_news(redis_server: Redis
     backend.close()
 
 
+def test_a_close_waiting_for_the_publisher_survives_a_poll_and_an_outage(
+    fleet: Fleet, redis_server: RedisServer, fault_proxy: Any
+) -> None:
+    """A close still queued for the publisher when a poll runs, whose publish then
+    fails, is sent once Redis answers. (The poll forgot the close, and its failed
+    publish was then not kept for later: the others stayed open.)"""
+    proxy = fault_proxy(redis_server.port)
+    cut_off = Fleet(proxy.url("redis", "/0"))
+    a = cut_off.add(open_for=30, quorum=2)
+    try:
+        b = fleet.add(open_for=30, quorum=2)
+        assert a.shared is not None
+        for _ in range(2):
+            with pytest.raises(Boom):
+                b.call(boom)  # a report, below the quorum: b alone is open
+        assert b.state is CircuitState.OPEN
+        gate = threading.Event()
+        a.shared._hub.submit(("busy", "gate"), gate.wait)  # holds a's publisher
+        try:
+            a.close()  # an operator's close for the fleet: queued
+            a.shared._poll()
+            proxy.set(reset_new=True)
+            proxy.reset_connections()
+            errors = a.shared.statistics()["backend_errors"]
+        finally:
+            gate.set()
+        assert wait_for(
+            lambda: a.shared is not None and a.shared.statistics()["backend_errors"] > errors
+        )
+        assert b.state is CircuitState.OPEN
+        proxy.heal()
+        assert wait_for(lambda: b.state is CircuitState.CLOSED, timeout=5)
+    finally:
+        cut_off.close()
+
+
+def test_a_slow_poll_does_not_reopen_a_breaker_from_the_trip_it_closed(
+    fleet: Fleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A poll that read the fleet's trips just before this breaker closed one, and whose
+    reply came back after, does not re-open the breaker from that trip. (The trip was
+    dated from the reply: late enough to look newer than the close.)"""
+    a, b = fleet.add(open_for=30), fleet.add(open_for=30)
+    assert a.shared is not None
+    heard = opened_event(a)
+    for _ in range(2):
+        with pytest.raises(Boom):
+            b.call(boom)
+    assert heard.wait(3)
+    shared = a.shared
+    script = shared._poll_script
+
+    class SlowReply:
+        def run(self, keys: list[str], args: list[Any]) -> Any:
+            raw = script.run(keys, args)  # read while the trip is listed
+            a.close()  # closed meanwhile, the close out before the reply is read
+            assert wait_for(lambda: b.state is CircuitState.CLOSED)
+            time.sleep(0.3)
+            return raw
+
+    monkeypatch.setattr(shared, "_poll_script", SlowReply())
+    shared._poll()
+    assert a.state is CircuitState.CLOSED
+
+
+def test_the_record_of_trip_starts_shrinks_with_the_open_keys(
+    fleet: Fleet, redis_server: RedisServer
+) -> None:
+    """Redis keeps when each open key's newest trip began only while the key is open:
+    trips of many keys leave no growing record behind, even without polls."""
+    a = fleet.add(open_for=0.1, key=lambda host: host)
+    assert a.shared is not None
+    for n in range(30):
+        for _ in range(2):
+            with pytest.raises(Boom):
+                a.call(boom, f"host{n}")
+        time.sleep(0.02)
+    client = RedisBackend.from_url(redis_server.url).sync_client
+    listed = client.zcard(a.shared._index)
+    assert client.zcard(a.shared._started) <= listed + 1  # (a trip may land in between)
+    assert listed < 15
+
+
 def test_a_trip_closed_during_the_outage_is_not_sent_later(
     fleet: Fleet, redis_server: RedisServer
 ) -> None:
