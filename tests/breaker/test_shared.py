@@ -36,6 +36,16 @@ def boom(*_: Any) -> None:
     raise Boom
 
 
+#: The options of every breaker of the fleet in these tests.
+FLEET_OPTIONS: dict[str, Any] = {
+    "name": "fleet",
+    "failure_rate": None,
+    "consecutive_failures": 2,
+    "open_for": OPEN_FOR,
+    "sync_interval": 30.0,
+}
+
+
 class Fleet:
     """Breakers with one name, each on its own backend (its own 'process')."""
 
@@ -44,14 +54,7 @@ class Fleet:
         self.breakers: list[CircuitBreaker] = []
 
     def add(self, **kwargs: Any) -> CircuitBreaker:
-        options: dict[str, Any] = {
-            "name": "fleet",
-            "failure_rate": None,
-            "consecutive_failures": 2,
-            "open_for": OPEN_FOR,
-            "sync_interval": 30.0,
-        }
-        options.update(kwargs)
+        options = {**FLEET_OPTIONS, **kwargs}
         # A generous backend timeout: on a loaded test machine a 50 ms election could
         # time out and (correctly) fall back to a local probe, which is not under test.
         backend = RedisBackend.from_url(self.url, timeout=1.0)
@@ -148,13 +151,7 @@ def test_breakers_sharing_a_name_and_a_backend_all_hear_the_fleet(
     subscribed (its hub used to stop)."""
     tripper = fleet.add()
     backend = RedisBackend.from_url(redis_server.url, timeout=1.0)
-    options: dict[str, Any] = {
-        "name": "fleet",
-        "failure_rate": None,
-        "consecutive_failures": 2,
-        "open_for": 30.0,
-        "sync_interval": 30.0,
-    }
+    options = {**FLEET_OPTIONS, "open_for": 30.0}
     first = CircuitBreaker(backend=backend, **options)
     second = CircuitBreaker(backend=backend, **options)
     dropped = CircuitBreaker(backend=backend, **options)
@@ -183,25 +180,13 @@ def test_breakers_sharing_a_name_and_a_backend_are_members_of_their_own(
     process's, and only one of them wins the fleet's probe. (They shared the process's
     identity: a trip of one never reached the other, and both won the probe.)"""
     backend = RedisBackend.from_url(redis_server.url, timeout=1.0)
-    options: dict[str, Any] = {
-        "name": "fleet",
-        "failure_rate": None,
-        "consecutive_failures": 2,
-        "open_for": OPEN_FOR,
-        "sync_interval": 30.0,
-    }
+    options = FLEET_OPTIONS
     first = CircuitBreaker(backend=backend, **options)
     second = CircuitBreaker(backend=backend, **options)
     other = fleet.add()
     try:
         assert wait_for(lambda: first.shared is not None and first.shared.connected)
-        heard = opened_event(second)
-        for _ in range(2):
-            with pytest.raises(Boom):
-                first.call(boom)
-        assert heard.wait(3)
-        assert second.state is CircuitState.OPEN
-        time.sleep(OPEN_FOR + 0.05)
+        trip_and_cool_down(first, second)  # second hears first's trip
         probes = []
         for breaker in (first, second, other):
             with contextlib.suppress(rs.CircuitOpen):

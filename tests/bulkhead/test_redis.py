@@ -561,12 +561,17 @@ def _queue_in_the_twin(
     try:
         with pytest.raises(rs.BulkheadFull):
             bulkhead.acquire_nowait("k")
-        for count, waiter in enumerate(waiters, 1):
-            waiter.start()
-            wait_until(lambda count=count: bulkhead.statistics("k").waiting == count)
+        _start_one_by_one(bulkhead, waiters)
     finally:
         redis_server.resume()
     _back_on_redis(bulkhead, "k")
+
+
+def _start_one_by_one(bulkhead: rs.Bulkhead, waiters: list[threading.Thread]) -> None:
+    """Start ``waiters``, each waiting in ``bulkhead`` before the next starts."""
+    for count, waiter in enumerate(waiters, 1):
+        waiter.start()
+        wait_until(lambda count=count: bulkhead.statistics("k").waiting == count)
 
 
 def test_leases_held_when_redis_fails_count_against_local_limit(
@@ -803,9 +808,7 @@ def test_when_redis_fails_again_the_twin_s_free_slot_goes_to_its_oldest_waiter(
     redis_server.pause()
     try:
         mine = bulkhead.acquire_nowait("k")  # Redis does not answer: the twin's slot
-        for count, waiter in enumerate(waiters, 1):
-            waiter.start()
-            wait_until(lambda count=count: twin.statistics("k").waiting == count)
+        _start_one_by_one(bulkhead, waiters)
     finally:
         redis_server.resume()
     _back_on_redis(bulkhead, "k")
