@@ -29,6 +29,7 @@ Keys (all of one breaker share one Redis Cluster hash tag)::
     {prefix}:{cb:<name>}:<key>:open      the open signal (value: member), PX = cool-down
     {prefix}:{cb:<name>}:<key>:probe     the fleet probe lease (value: member; SET NX PX)
     {prefix}:{cb:<name>}:<key>:reports   quorum reports (ZSET process -> expiry)
+    {prefix}:{cb:<name>}:<key>:tripper   the member of the newest trip, PX = cool-down
     {prefix}:{cb:<name>}:index           open keys (ZSET key -> expiry), for the cached read
     {prefix}:{cb:<name>}:started         open keys (ZSET key -> when their newest trip began)
     channel {prefix}:cb:events           JSON messages {op, name, key, ttl, origin}
@@ -103,21 +104,30 @@ redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
 local score = tonumber(redis.call('ZSCORE', KEYS[2], ARGV[4]) or '0')
 if score < now + ttl then redis.call('ZADD', KEYS[2], now + ttl, ARGV[4]) end
 if redis.call('PTTL', KEYS[2]) < ttl then redis.call('PEXPIRE', KEYS[2], ttl) end
--- When the newest trip of the key began: a close made before it must not undo it.
+-- When the newest trip of the key began, and whose it was: a close made before it
+-- must not undo it (unless it is the closer's own: it knows its trips came first).
 redis.call('ZADD', KEYS[5], now, ARGV[4])
 if redis.call('PTTL', KEYS[5]) < ttl then redis.call('PEXPIRE', KEYS[5], ttl) end
+redis.call('SET', KEYS[6], ARGV[2], 'PX', ttl)
 redis.call('PUBLISH', ARGV[5], ARGV[6])
 return {1, reports}
 """
 
-# ARGV[4]: how long ago (ms) the close was made. A trip that began after it (another
-# process's, while this close waited for Redis) stands: nothing is closed.
+# ARGV[4]: when the close was made, in Redis ms (no later than it was: see
+# SharedState._offset_ms), or -1; then ARGV[5]: how long ago (ms) it was made, when
+# sent; ARGV[6]: the closing breaker. A trip of another breaker that began after the
+# close (while it waited for Redis) stands: nothing is closed.
 _CLOSE = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local made = tonumber(ARGV[4])
+if made < 0 then
+  local t = redis.call('TIME')
+  made = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) - tonumber(ARGV[5])
+end
 local began = redis.call('ZSCORE', KEYS[5], ARGV[1])
-if began and tonumber(began) > now - tonumber(ARGV[4]) then return 0 end
-redis.call('DEL', KEYS[1], KEYS[3], KEYS[4])
+if began and tonumber(began) > made and redis.call('GET', KEYS[6]) ~= ARGV[6] then
+  return 0
+end
+redis.call('DEL', KEYS[1], KEYS[3], KEYS[4], KEYS[6])
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('ZREM', KEYS[5], ARGV[1])
 redis.call('PUBLISH', ARGV[2], ARGV[3])
@@ -156,7 +166,7 @@ for _, gone in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)) do
 end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 local entries = redis.call('ZRANGEBYSCORE', KEYS[1], now, '+inf', 'WITHSCORES')
-local out = {}
+local out = {now}
 for i = 1, #entries, 2 do
   out[#out + 1] = entries[i]
   out[#out + 1] = tonumber(entries[i + 1]) - now
@@ -495,6 +505,10 @@ class SharedState:
         # sent again once Redis answers, if the breaker is still closed, and applied
         # by Redis only if no trip began since.
         self._unsent_closes: dict[str | None, tuple[Hashable, str, float]] = {}
+        # Redis time minus this process's monotonic time (ms), as the last poll found
+        # it, rounded down: a moment of this process dated in Redis time with it is
+        # never later than it was (a poll's reply took the round trip to come back).
+        self._offset_ms: float | None = None
         self._unsent_lock = threading.Lock()
         #: Messages sent / applied, and fleet elections won / lost.
         self.published = 0
@@ -530,7 +544,14 @@ class SharedState:
 
     def _keys(self, key: Hashable) -> list[str]:
         base = f"{self._tag}:{_safe('' if key is None else str(key))}"
-        return [base + ":open", self._index, base + ":reports", base + ":probe", self._started]
+        return [
+            base + ":open",
+            self._index,
+            base + ":reports",
+            base + ":probe",
+            self._started,
+            base + ":tripper",
+        ]
 
     # ---------------------------------------------------------------- outbound
 
@@ -608,7 +629,12 @@ class SharedState:
         with self._unsent_lock:
             self._unsent.pop(wire, None)  # closed since: that trip is news no more
         age_ms = max(0, int((time.monotonic() - closed_at) * 1000))
-        args = [wire or "", self._hub.channel, self._message(op, wire), age_ms]
+        offset = self._offset_ms
+        # In Redis time, no later than it was made; or, before any poll, by its age
+        # when sent (later by the time the request takes to reach Redis).
+        made_ms = -1 if offset is None else int(closed_at * 1000 + offset)
+        message = self._message(op, wire)
+        args = [wire or "", self._hub.channel, message, made_ms, age_ms, self.origin]
         sent = self._run(self._close, self._keys(wire), args) is not None
         with self._unsent_lock:
             newest = self._closed_at.get(wire or "", (None, False))[0] == closed_at
@@ -744,11 +770,12 @@ class SharedState:
         # A failure propagates to the subscriber loop, which reports it (once) to every
         # breaker of the backend as the connection lost.
         raw = self._poll_script.run([self._index, self._started], [])
+        self._offset_ms = int(raw[0]) - time.monotonic() * 1000 - 1  # (see __init__)
         self._failover.succeeded()
         if self._unsent or self._unsent_closes:
             self._resend(breaker)
         listed = set()
-        for index in range(0, len(raw), 3):
+        for index in range(1, len(raw), 3):
             member = raw[index]
             wire = member.decode() if isinstance(member, bytes) else str(member)
             listed.add(wire)

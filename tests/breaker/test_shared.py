@@ -735,6 +735,56 @@ def test_breakers_of_one_process_publish_each_their_own_news(redis_server: Redis
     backend.close()
 
 
+def test_a_close_slow_to_reach_redis_does_not_undo_a_trip_made_after_it(
+    fleet: Fleet, redis_server: RedisServer, fault_proxy: Any
+) -> None:
+    """A close whose request crawls to Redis is dated when it was made, not when it
+    arrives: another process's trip made meanwhile stands. (The close was dated by its
+    arrival and erased the newer trip, closing that process's own cool-down.)"""
+    proxy = fault_proxy(redis_server.port)
+    slow = Fleet(proxy.url("redis", "/0"))
+    a = slow.add(open_for=5)
+    try:
+        b, c = fleet.add(open_for=5), fleet.add(open_for=5)
+        heard = opened_event(c)
+        for _ in range(2):
+            with pytest.raises(Boom):
+                a.call(boom)
+        assert heard.wait(3)
+        assert wait_for(lambda: b.state is CircuitState.OPEN)
+        proxy.set(bandwidth=800)  # a's requests take about half a second to arrive
+        a.close()  # an operator's close ...
+        time.sleep(0.05)
+        b.close()
+        time.sleep(0.05)
+        for _ in range(2):
+            with pytest.raises(Boom):
+                b.call(boom)  # ... and, after it, b's dependency fails
+        time.sleep(1.0)  # a's close has arrived
+        proxy.heal()
+        assert wait_for(lambda: a.shared is not None and not a.shared._unsent_closes)
+        time.sleep(0.3)
+        assert b.state is CircuitState.OPEN
+        assert c.state is CircuitState.OPEN
+    finally:
+        slow.close()
+
+
+def test_a_close_right_after_the_closer_s_own_trip_closes_the_fleet(fleet: Fleet) -> None:
+    """A breaker's own trip always came before its close, however late the trip reached
+    Redis: an open() and a close() at once leave the fleet closed."""
+    a, b = fleet.add(open_for=30), fleet.add(open_for=30)
+    assert a.shared is not None
+    heard = opened_event(b)
+    a.open()
+    assert heard.wait(3)
+    a.open()  # a trip Redis sees after the close below was made ...
+    a.close()  # ... and the close, which must not be taken for an older one
+    assert wait_for(lambda: b.state is CircuitState.CLOSED)
+    a.shared._poll()
+    assert a.state is CircuitState.CLOSED
+
+
 def test_a_close_waiting_for_the_publisher_survives_a_poll_and_an_outage(
     fleet: Fleet, redis_server: RedisServer, fault_proxy: Any
 ) -> None:
