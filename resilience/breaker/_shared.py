@@ -29,9 +29,7 @@ Keys (all of one breaker share one Redis Cluster hash tag)::
     {prefix}:{cb:<name>}:<key>:open      the open signal (value: member), PX = cool-down
     {prefix}:{cb:<name>}:<key>:probe     the fleet probe lease (value: member; SET NX PX)
     {prefix}:{cb:<name>}:<key>:reports   quorum reports (ZSET process -> expiry)
-    {prefix}:{cb:<name>}:<key>:tripper   the member of the newest trip, PX = cool-down
     {prefix}:{cb:<name>}:index           open keys (ZSET key -> expiry), for the cached read
-    {prefix}:{cb:<name>}:started         open keys (ZSET key -> when their newest trip began)
     channel {prefix}:cb:events           JSON messages {op, name, key, ttl, origin}
 
 A *member* is one breaker (``SharedState.origin``): two breakers of one name in one
@@ -67,7 +65,7 @@ __all__ = ["SharedState"]
 logger = logging.getLogger("resilience.breaker")
 
 _STOP = object()  # tells the publisher thread to exit
-#: Publishes waiting for the publisher thread, at most: one per (breaker, key), the newest
+#: Publishes waiting for the publisher thread, at most: one per (name, key), the newest
 #: state replacing an older one still queued; past this cap a publish is dropped (the
 #: fleet still learns the state by polling).
 _MAX_PENDING = 10_000
@@ -97,39 +95,17 @@ redis.call('DEL', KEYS[4])
 if redis.call('PTTL', KEYS[1]) < ttl then
   redis.call('SET', KEYS[1], ARGV[2], 'PX', ttl)
 end
-for _, gone in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now)) do
-  redis.call('ZREM', KEYS[5], gone)
-end
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
 local score = tonumber(redis.call('ZSCORE', KEYS[2], ARGV[4]) or '0')
 if score < now + ttl then redis.call('ZADD', KEYS[2], now + ttl, ARGV[4]) end
 if redis.call('PTTL', KEYS[2]) < ttl then redis.call('PEXPIRE', KEYS[2], ttl) end
--- When the newest trip of the key began, and whose it was: a close made before it
--- must not undo it (unless it is the closer's own: it knows its trips came first).
-redis.call('ZADD', KEYS[5], now, ARGV[4])
-if redis.call('PTTL', KEYS[5]) < ttl then redis.call('PEXPIRE', KEYS[5], ttl) end
-redis.call('SET', KEYS[6], ARGV[2], 'PX', ttl)
 redis.call('PUBLISH', ARGV[5], ARGV[6])
 return {1, reports}
 """
 
-# ARGV[4]: when the close was made, in Redis ms (no later than it was: see
-# SharedState._offset_ms), or -1; then ARGV[5]: how long ago (ms) it was made, when
-# sent; ARGV[6]: the closing breaker. A trip of another breaker that began after the
-# close (while it waited for Redis) stands: nothing is closed.
 _CLOSE = """
-local made = tonumber(ARGV[4])
-if made < 0 then
-  local t = redis.call('TIME')
-  made = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) - tonumber(ARGV[5])
-end
-local began = redis.call('ZSCORE', KEYS[5], ARGV[1])
-if began and tonumber(began) > made and redis.call('GET', KEYS[6]) ~= ARGV[6] then
-  return 0
-end
-redis.call('DEL', KEYS[1], KEYS[3], KEYS[4], KEYS[6])
+redis.call('DEL', KEYS[1], KEYS[3], KEYS[4])
 redis.call('ZREM', KEYS[2], ARGV[1])
-redis.call('ZREM', KEYS[5], ARGV[1])
 redis.call('PUBLISH', ARGV[2], ARGV[3])
 return 1
 """
@@ -161,17 +137,12 @@ return 0
 _POLL = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-for _, gone in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)) do
-  redis.call('ZREM', KEYS[2], gone)
-end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 local entries = redis.call('ZRANGEBYSCORE', KEYS[1], now, '+inf', 'WITHSCORES')
-local out = {now}
+local out = {}
 for i = 1, #entries, 2 do
   out[#out + 1] = entries[i]
   out[#out + 1] = tonumber(entries[i + 1]) - now
-  local began = redis.call('ZSCORE', KEYS[2], entries[i])
-  out[#out + 1] = began and now - tonumber(began) or -1
 end
 return out
 """
@@ -267,8 +238,7 @@ class _Hub:
             member.origin = uuid.uuid4().hex  # the parent's leases and messages are not ours
             member._unsent_lock = threading.Lock()
             member._unsent = {}  # the parent's trips, not this process's to report
-            member._closed_at = {}  # the parent's closes, likewise
-            member._unsent_closes = {}
+            member._closing = {}  # the parent's closes, likewise
         if not self.stopped and members:
             self._start_threads()
 
@@ -307,22 +277,24 @@ class _Hub:
 
     # ---------------------------------------------------------------- publishing
 
-    def submit(self, slot: Hashable, job: Callable[[], object]) -> None:
+    def submit(self, slot: Hashable, job: Callable[[], object]) -> bool:
         """Run ``job`` on the publisher thread (never blocks the caller).
 
-        A job of a ``slot`` (a breaker and a key) still waiting is replaced: only the
+        A job of a ``slot`` (a breaker name and key) still waiting is replaced: only the
         newest state of a key is worth publishing, and the queue stays bounded when
-        transitions come faster than Redis takes them.
+        transitions come faster than Redis takes them. ``False``: dropped (stopped, or
+        :data:`_MAX_PENDING` publishes wait).
         """
         if self.stopped:
-            return
+            return False
         with self._pending_lock:
             if slot not in self._pending:
                 if len(self._pending) >= _MAX_PENDING:
                     self.dropped += 1
-                    return
+                    return False
                 self._jobs.put(slot)
             self._pending[slot] = job
+        return True
 
     def _publish_loop(self) -> None:
         while True:
@@ -488,7 +460,6 @@ class SharedState:
         self._poll_script = backend.script(_POLL)
         self._tag = backend.key("cb", _safe(self.name))
         self._index = self._tag + ":index"
-        self._started = self._tag + ":started"
         self._hub = _Hub.for_backend(backend)
         #: This breaker's identity in the fleet: its messages, open signals and probe
         #: leases (a new one in a forked child).
@@ -496,19 +467,12 @@ class SharedState:
         # Trips not published (Redis unreachable): wire key -> (key, monotonic end of
         # the cool-down, trips, quorum); sent again once Redis answers (see _poll).
         self._unsent: dict[str | None, tuple[Hashable, float, int, int]] = {}
-        # This breaker's closes, by index member: (the monotonic time each was made,
-        # whether it reached Redis). A poll does not re-open the breaker from a trip
-        # that began before its close (the trip it closed, still in the index if the
-        # close has not reached Redis).
-        self._closed_at: dict[str, tuple[float, bool]] = {}
-        # Closes not published (Redis unreachable): wire key -> (key, op, when made);
-        # sent again once Redis answers, if the breaker is still closed, and applied
-        # by Redis only if no trip began since.
-        self._unsent_closes: dict[str | None, tuple[Hashable, str, float]] = {}
-        # Redis time minus this process's monotonic time (ms), as the last poll found
-        # it, rounded down: a moment of this process dated in Redis time with it is
-        # never later than it was (a poll's reply took the round trip to come back).
-        self._offset_ms: float | None = None
+        # Closes the fleet's index may not show yet: index member -> (the close, the
+        # monotonic time it reached Redis or None while it is on its way). A poll that
+        # began before then may read the trip the close removed: it must not re-open
+        # this breaker from it. A close Redis did not take is forgotten: the breaker
+        # follows the fleet again (its next poll re-opens it if the trip is still there).
+        self._closing: dict[str, tuple[object, float | None]] = {}
         self._unsent_lock = threading.Lock()
         #: Messages sent / applied, and fleet elections won / lost.
         self.published = 0
@@ -544,14 +508,7 @@ class SharedState:
 
     def _keys(self, key: Hashable) -> list[str]:
         base = f"{self._tag}:{_safe('' if key is None else str(key))}"
-        return [
-            base + ":open",
-            self._index,
-            base + ":reports",
-            base + ":probe",
-            self._started,
-            base + ":tripper",
-        ]
+        return [base + ":open", self._index, base + ":reports", base + ":probe"]
 
     # ---------------------------------------------------------------- outbound
 
@@ -572,8 +529,9 @@ class SharedState:
             # An operator's open() opens the fleet at once: it is no report to a quorum.
             quorum = 1 if reason == "manual" else self.quorum
             with self._unsent_lock:
-                self._closed_at.pop(wire or "", None)  # tripped since: that close is old news
-                self._unsent_closes.pop(wire, None)
+                self._closing.pop(wire or "", None)  # tripped again: that close is old news
+            # One publish slot per breaker and key: a sibling breaker's (same name, same
+            # backend) must not replace this one's.
             self._hub.submit(
                 (self.origin, wire), lambda: self._publish_open(key, wire, ttl, trips, quorum)
             )
@@ -581,16 +539,16 @@ class SharedState:
             # An operator's close() closes the fleet, cool-downs of their own included
             # ("reset"); a probe's success closes those that wait for it ("close").
             op = "reset" if reason == "manual" else "close"
-            closed_at = time.monotonic()
             with self._unsent_lock:
-                closed = self._closed_at
-                closed.pop(wire or "", None)  # re-inserted as the newest
-                if len(closed) >= _MAX_PENDING:
-                    del closed[next(iter(closed))]
-                closed[wire or ""] = (closed_at, False)
-            self._hub.submit(
-                (self.origin, wire), lambda: self._publish_close(key, wire, op, closed_at)
-            )
+                closing = self._closing
+                closing.pop(wire or "", None)  # re-inserted as the newest
+                if len(closing) >= _MAX_PENDING:
+                    del closing[next(iter(closing))]
+                close = object()
+                closing[wire or ""] = (close, None)
+            job = functools.partial(self._publish_close, wire, op, close)
+            if not self._hub.submit((self.origin, wire), job):
+                self._close_settled(wire, close, sent=False)
 
     def _message(self, op: str, key: str | None, ttl: int = 0, trips: int = 0) -> str:
         return json.dumps(
@@ -625,37 +583,29 @@ class SharedState:
                     del unsent[next(iter(unsent))]
             unsent[wire] = (key, now + ttl / 1000.0, trips, quorum)
 
-    def _publish_close(self, key: Hashable, wire: str | None, op: str, closed_at: float) -> None:
+    def _publish_close(self, wire: str | None, op: str, close: object) -> None:
         with self._unsent_lock:
             self._unsent.pop(wire, None)  # closed since: that trip is news no more
-        age_ms = max(0, int((time.monotonic() - closed_at) * 1000))
-        offset = self._offset_ms
-        # In Redis time, no later than it was made; or, before any poll, by its age
-        # when sent (later by the time the request takes to reach Redis).
-        made_ms = -1 if offset is None else int(closed_at * 1000 + offset)
-        message = self._message(op, wire)
-        args = [wire or "", self._hub.channel, message, made_ms, age_ms, self.origin]
+        args = [wire or "", self._hub.channel, self._message(op, wire)]
         sent = self._run(self._close, self._keys(wire), args) is not None
+        self._close_settled(wire, close, sent=sent)
+
+    def _close_settled(self, wire: str | None, close: object, *, sent: bool) -> None:
+        """``close`` reached Redis (noted, for the polls), or never will (forgotten)."""
+        member = wire or ""
         with self._unsent_lock:
-            newest = self._closed_at.get(wire or "", (None, False))[0] == closed_at
+            entry = self._closing.get(member)
+            if entry is None or entry[0] is not close:
+                return  # tripped or closed again since: that is the news now
             if sent:
-                if self._unsent_closes.get(wire, (None, None, None))[2] == closed_at:
-                    del self._unsent_closes[wire]
-                if newest:
-                    self._closed_at[wire or ""] = (closed_at, True)
-            elif newest:  # no trip or close since: still news for the fleet
-                self._unsent_closes[wire] = (key, op, closed_at)
+                self._closing[member] = (close, time.monotonic())
+            else:
+                del self._closing[member]
 
     def _resend(self, breaker: CircuitBreaker) -> None:
-        """Publish the closes Redis missed (of breakers still closed), and the trips,
-        for what is left of their cool-downs."""
+        """Publish the trips Redis missed, for what is left of their cool-downs."""
         with self._unsent_lock:
             unsent, self._unsent = self._unsent, {}
-            closes, self._unsent_closes = self._unsent_closes, {}
-        for wire, (key, op, closed_at) in closes.items():
-            if breaker.state_of(key) is CircuitState.CLOSED:
-                job = functools.partial(self._publish_close, key, wire, op, closed_at)
-                self._hub.submit((self.origin, wire), job)
         now = time.monotonic()
         for wire, (key, until, trips, quorum) in unsent.items():
             ttl = int((until - now) * 1000)
@@ -766,36 +716,27 @@ class SharedState:
         breaker = self._breaker()
         if breaker is None:
             return
-        began = time.monotonic()
+        started = time.monotonic()
         # A failure propagates to the subscriber loop, which reports it (once) to every
         # breaker of the backend as the connection lost.
-        raw = self._poll_script.run([self._index, self._started], [])
-        self._offset_ms = int(raw[0]) - time.monotonic() * 1000 - 1  # (see __init__)
+        raw = self._poll_script.run([self._index], [])
         self._failover.succeeded()
-        if self._unsent or self._unsent_closes:
+        with self._unsent_lock:
+            # Closes that reached Redis before this poll began are in what it read.
+            closing = self._closing
+            for done in [w for w, (_, at) in closing.items() if at is not None and at < started]:
+                del closing[done]
+        if self._unsent:
             self._resend(breaker)
-        listed = set()
-        for index in range(1, len(raw), 3):
+        for index in range(0, len(raw), 2):
             member = raw[index]
             wire = member.decode() if isinstance(member, bytes) else str(member)
-            listed.add(wire)
-            age = int(raw[index + 2]) / 1000.0
-            closed = self._closed_at.get(wire)
-            # Dated from when the poll was sent (the earliest the trip can have begun):
-            # a reply that took long must not make the closed trip look newer.
-            if closed is not None and age >= 0 and began - age < closed[0]:
-                continue  # a trip that began before this breaker closed it
+            if wire in self._closing:  # read now, so a close made during this poll counts
+                continue  # this breaker closed it since: not a trip to re-open for
             key = wire if breaker.keyed else None
             if breaker.state_of(key) is CircuitState.CLOSED:
                 self.applied += 1
                 breaker._apply_remote(key, "open", int(raw[index + 1]) / 1000.0)
-        with self._unsent_lock:
-            # A close that reached Redis, made before this read and whose key has no
-            # trip left, is done with (a trip that began before it would be listed).
-            closes = self._closed_at
-            done = [w for w, (at, out) in closes.items() if out and at < began and w not in listed]
-            for wire in done:
-                del closes[wire]
 
     def _connection_changed(self, connected: bool, error: BaseException | None) -> None:
         if connected:
