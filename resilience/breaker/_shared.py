@@ -609,9 +609,15 @@ class SharedState:
         now = time.monotonic()
         for wire, (key, until, trips, quorum) in unsent.items():
             ttl = int((until - now) * 1000)
-            if ttl > 0 and breaker.state_of(key) is CircuitState.OPEN:
-                job = functools.partial(self._publish_open, key, wire, ttl, trips, quorum)
-                self._hub.submit((self.origin, wire), job)
+            if ttl <= 0 or breaker.state_of(key) is not CircuitState.OPEN:
+                continue
+            job = functools.partial(self._publish_open, key, wire, ttl, trips, quorum)
+            with self._unsent_lock:
+                # Under the lock a close records itself before it is queued: one made
+                # since the check above is seen here (this trip must not replace it in
+                # the publish slot), one made after queues behind this and replaces it.
+                if (wire or "") not in self._closing:
+                    self._hub.submit((self.origin, wire), job)
 
     def _failed(self, exc: Exception, key: Hashable = None) -> None:
         if not isinstance(exc, BackendError):  # a client bug must not escape either

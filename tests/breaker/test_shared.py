@@ -776,6 +776,52 @@ def test_a_slow_poll_does_not_reopen_a_breaker_from_the_trip_it_closed(
     assert a.state is CircuitState.CLOSED
 
 
+def test_a_close_made_as_a_missed_trip_is_re_sent_wins(
+    fleet: Fleet, redis_server: RedisServer, fault_proxy: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A close made just as the trip Redis missed is being re-sent (after the re-send
+    saw the breaker open) is what the fleet learns: the stale trip does not replace it
+    and re-open the others. (It took the close's publish slot: the close was lost, the
+    fleet re-opened, and this breaker's polls then ignored the key for good.)"""
+    proxy = fault_proxy(redis_server.port)
+    cut_off = Fleet(proxy.url("redis", "/0"))
+    a = cut_off.add(open_for=5, sync_interval=0.1)
+    try:
+        b = fleet.add(open_for=5)
+        moves: list[str] = []
+        b.add_listener(
+            lambda e: moves.append(e.new) if isinstance(e, BreakerStateChanged) else None
+        )
+        proxy.set(reset_new=True)
+        proxy.reset_connections()
+        assert wait_for(lambda: a.shared is not None and not a.shared.connected)
+        for _ in range(2):
+            with pytest.raises(Boom):
+                a.call(boom)  # a trip Redis misses: re-sent once it answers
+        assert wait_for(lambda: a.shared is not None and bool(a.shared._unsent))
+        state_of = a.state_of
+        closed: list[bool] = []
+
+        def closing_state_of(key: Any = None) -> CircuitState:
+            state = state_of(key)
+            if threading.current_thread().name == "resilience-breaker-sub" and not closed:
+                closed.append(True)
+                a.close()  # an operator's close, just after the re-send saw OPEN
+            return state
+
+        monkeypatch.setattr(a, "state_of", closing_state_of)
+        proxy.heal()
+        assert wait_for(lambda: bool(closed))
+        assert wait_for(lambda: a.shared is not None and a.shared.published >= 1)
+        time.sleep(0.3)  # a few polls of a's
+        assert a.state is CircuitState.CLOSED
+        assert moves == []  # b never heard the stale trip
+        assert a.shared is not None
+        assert all(at is not None for _, at in a.shared._closing.values())
+    finally:
+        cut_off.close()
+
+
 def test_a_trip_closed_during_the_outage_is_not_sent_later(
     fleet: Fleet, redis_server: RedisServer
 ) -> None:
