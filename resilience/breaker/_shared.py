@@ -22,7 +22,9 @@ The rules:
   an election is bounded by the backend timeout and skipped while Redis is down).
   A trip that could not be published is sent when Redis answers again (at the next
   poll, one on reconnection included), for what is left of its cool-down, if the
-  breaker is still open.
+  breaker is still open. A close that could not be published stays local: the
+  breaker follows the fleet again at its next poll. Between processes, the order in
+  which Redis receives trips and closes decides.
 
 Keys (all of one breaker share one Redis Cluster hash tag)::
 
