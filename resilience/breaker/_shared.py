@@ -71,6 +71,9 @@ _STOP = object()  # tells the publisher thread to exit
 #: state replacing an older one still queued; past this cap a publish is dropped (the
 #: fleet still learns the state by polling).
 _MAX_PENDING = 10_000
+#: How long a close that reached Redis waits for its own message on the channel before
+#: it is forgotten anyway (the message is lost when the subscriber reconnects).
+_HEARD_WAIT = 2.0
 
 _TRIP = """
 local t = redis.call('TIME')
@@ -360,8 +363,10 @@ class _Hub:
             origin = message.get("origin")
             trips = int(message.get("trips", 0))
             for member in list(self._members.get(message["name"], ())):
-                if member.origin == origin:
-                    continue  # its own message; another breaker of this process hears it
+                if member.origin == origin:  # its own: only another breaker applies it
+                    if message["op"] in ("close", "reset"):
+                        member._own_close_heard(message.get("key"), message.get("close", ""))
+                    continue
                 ttl = float(message.get("ttl", 0))
                 member._remote(message["op"], message.get("key"), ttl, trips)
         except Exception:
@@ -469,12 +474,15 @@ class SharedState:
         # Trips not published (Redis unreachable): wire key -> (key, monotonic end of
         # the cool-down, trips, quorum); sent again once Redis answers (see _poll).
         self._unsent: dict[str | None, tuple[Hashable, float, int, int]] = {}
-        # Closes the fleet's index may not show yet: index member -> (the close, the
-        # monotonic time it reached Redis or None while it is on its way). A poll that
-        # began before then may read the trip the close removed: it must not re-open
-        # this breaker from it. A close Redis did not take is forgotten: the breaker
-        # follows the fleet again (its next poll re-opens it if the trip is still there).
-        self._closing: dict[str, tuple[object, float | None]] = {}
+        # This breaker's closes the fleet may not show it yet: index member -> (the
+        # close's id, the monotonic time it reached Redis or None while it is on its
+        # way, whether its own message came back on the channel). A poll that began
+        # before it reached Redis may read the trip it removed, and a trip message
+        # that comes before its own is older than it (the channel keeps Redis's
+        # order): neither re-opens this breaker. A close Redis did not take is
+        # forgotten: the breaker follows the fleet again (its next poll re-opens it
+        # if the trip is still there).
+        self._closing: dict[str, tuple[str, float | None, bool]] = {}
         self._unsent_lock = threading.Lock()
         #: Messages sent / applied, and fleet elections won / lost.
         self.published = 0
@@ -546,13 +554,15 @@ class SharedState:
                 closing.pop(wire or "", None)  # re-inserted as the newest
                 if len(closing) >= _MAX_PENDING:
                     del closing[next(iter(closing))]
-                close = object()
-                closing[wire or ""] = (close, None)
+                close = uuid.uuid4().hex
+                closing[wire or ""] = (close, None, False)
             job = functools.partial(self._publish_close, wire, op, close)
             if not self._hub.submit((self.origin, wire), job):
                 self._close_settled(wire, close, sent=False)
 
-    def _message(self, op: str, key: str | None, ttl: int = 0, trips: int = 0) -> str:
+    def _message(
+        self, op: str, key: str | None, ttl: int = 0, trips: int = 0, close: str = ""
+    ) -> str:
         return json.dumps(
             {
                 "op": op,
@@ -561,6 +571,7 @@ class SharedState:
                 "ttl": ttl,
                 "origin": self.origin,
                 "trips": trips,
+                "close": close,
             }
         )
 
@@ -585,24 +596,39 @@ class SharedState:
                     del unsent[next(iter(unsent))]
             unsent[wire] = (key, now + ttl / 1000.0, trips, quorum)
 
-    def _publish_close(self, wire: str | None, op: str, close: object) -> None:
+    def _publish_close(self, wire: str | None, op: str, close: str) -> None:
         with self._unsent_lock:
             self._unsent.pop(wire, None)  # closed since: that trip is news no more
-        args = [wire or "", self._hub.channel, self._message(op, wire)]
+        args = [wire or "", self._hub.channel, self._message(op, wire, close=close)]
         sent = self._run(self._close, self._keys(wire), args) is not None
         self._close_settled(wire, close, sent=sent)
 
-    def _close_settled(self, wire: str | None, close: object, *, sent: bool) -> None:
+    def _close_settled(self, wire: str | None, close: str, *, sent: bool) -> None:
         """``close`` reached Redis (noted, for the polls), or never will (forgotten)."""
         member = wire or ""
         with self._unsent_lock:
             entry = self._closing.get(member)
-            if entry is None or entry[0] is not close:
+            if entry is None or entry[0] != close:
                 return  # tripped or closed again since: that is the news now
             if sent:
-                self._closing[member] = (close, time.monotonic())
+                self._closing[member] = (close, time.monotonic(), entry[2])
             else:
                 del self._closing[member]
+
+    def _own_close_heard(self, wire: str | None, close: str) -> None:
+        """This breaker's close came back on the channel: trip messages after it are
+        newer than it."""
+        member = wire or ""
+        with self._unsent_lock:
+            entry = self._closing.get(member)
+            if entry is not None and entry[0] == close:
+                self._closing[member] = (close, entry[1], True)
+
+    def _closed_since(self, wire: str | None) -> bool:
+        """Whether a trip message of ``wire`` heard now came before this breaker's
+        close (on the channel, in Redis's order), so that the close removed it."""
+        entry = self._closing.get(wire or "")
+        return entry is not None and not entry[2]
 
     def _resend(self, breaker: CircuitBreaker) -> None:
         """Publish the trips Redis missed, for what is left of their cool-downs."""
@@ -715,7 +741,7 @@ class SharedState:
 
     def _remote(self, op: str, key: str | None, ttl_ms: float, trips: int = 0) -> None:
         breaker = self._breaker()
-        if breaker is None:
+        if breaker is None or (op == "open" and self._closed_since(key)):
             return
         self.applied += 1
         breaker._apply_remote(key, op, ttl_ms / 1000.0, trips)
@@ -730,9 +756,15 @@ class SharedState:
         raw = self._poll_script.run([self._index], [])
         self._failover.succeeded()
         with self._unsent_lock:
-            # Closes that reached Redis before this poll began are in what it read.
+            # Closes that reached Redis before this poll began are in what it read; kept
+            # until their own message came back (older trip messages may still be on
+            # their way), or for a while if it never does (the subscriber reconnected).
             closing = self._closing
-            for done in [w for w, (_, at) in closing.items() if at is not None and at < started]:
+            for done in [
+                w
+                for w, (_, at, heard) in closing.items()
+                if at is not None and at < (started if heard else started - _HEARD_WAIT)
+            ]:
                 del closing[done]
         if self._unsent:
             self._resend(breaker)

@@ -817,9 +817,38 @@ def test_a_close_made_as_a_missed_trip_is_re_sent_wins(
         assert a.state is CircuitState.CLOSED
         assert moves == []  # b never heard the stale trip
         assert a.shared is not None
-        assert all(at is not None for _, at in a.shared._closing.values())
+        assert all(at is not None for _, at, _ in a.shared._closing.values())
     finally:
         cut_off.close()
+
+
+def test_a_trip_message_older_than_this_breaker_s_close_does_not_reopen_it(
+    fleet: Fleet, redis_server: RedisServer, fault_proxy: Any
+) -> None:
+    """A trip that reached Redis before this breaker's close, whose message arrives
+    after the close, was closed by it (Redis's order decides): the breaker stays closed
+    with the rest of the fleet. (It re-opened for the rest of the trip's cool-down.)"""
+    proxy = fault_proxy(redis_server.port)
+    late = Fleet(proxy.url("redis", "/0"))
+    a = late.add(open_for=3)
+    try:
+        b, c = fleet.add(open_for=3), fleet.add(open_for=3)
+        assert b.shared is not None
+        proxy.set(latency=0.3)  # what Redis sends a arrives 0.3 s late
+        client = RedisBackend.from_url(redis_server.url).sync_client
+        heard = opened_event(c)
+        for _ in range(2):
+            with pytest.raises(Boom):
+                b.call(boom)
+        assert heard.wait(3)  # b's trip is in Redis; its message is on its way to a
+        assert a.state is CircuitState.CLOSED
+        a.close()  # reaches Redis after the trip, at once: it closes the trip
+        assert wait_for(lambda: b.state is CircuitState.CLOSED and c.state is CircuitState.CLOSED)
+        time.sleep(0.8)  # b's trip message, then a's own close, have reached a
+        assert not client.keys("*")
+        assert a.state is CircuitState.CLOSED
+    finally:
+        late.close()
 
 
 def test_a_trip_closed_during_the_outage_is_not_sent_later(
