@@ -325,7 +325,9 @@ class _Hub:
             pubsub = None
             try:
                 pubsub = self.backend.sync_client.pubsub(ignore_subscribe_messages=True)
+                subscribing = time.monotonic()
                 pubsub.subscribe(self.channel)
+                self._closes_unheard_before(subscribing)
                 with self._applying:
                     self._poll_all()  # catch up on what was missed while away
                     self._set_connected(True, None)
@@ -349,6 +351,11 @@ class _Hub:
                         pubsub.close()
                     except Exception:  # pragma: no cover - best effort
                         pass
+
+    def _closes_unheard_before(self, subscribing: float) -> None:
+        # A method of its own: the subscriber loop's frame must hold no breaker.
+        for member in self._live():
+            member._closes_unheard_before(subscribing)
 
     def _set_connected(self, connected: bool, error: BaseException | None) -> None:
         if connected == self.connected:
@@ -623,6 +630,15 @@ class SharedState:
             entry = self._closing.get(member)
             if entry is not None and entry[0] == close:
                 self._closing[member] = (close, entry[1], True)
+
+    def _closes_unheard_before(self, subscribing: float) -> None:
+        """The subscriber (re)subscribes: closes that reached Redis before then were
+        published while nobody listened, and their messages will never come back."""
+        with self._unsent_lock:
+            closing = self._closing
+            for member, (close, at, heard) in list(closing.items()):
+                if not heard and at is not None and at < subscribing:
+                    closing[member] = (close, at, True)
 
     def _closed_since(self, wire: str | None) -> bool:
         """Whether a trip message of ``wire`` heard now came before this breaker's

@@ -851,6 +851,33 @@ def test_a_trip_message_older_than_this_breaker_s_close_does_not_reopen_it(
         late.close()
 
 
+def test_a_close_published_while_the_subscriber_reconnects_does_not_mute_later_trips(
+    fleet: Fleet, redis_server: RedisServer
+) -> None:
+    """A close that reached Redis while this process's subscriber was reconnecting
+    never comes back on the channel; trips made after it are still heard. (Trip
+    messages were taken for older than the close until a poll, up to sync_interval.)"""
+    a, b = fleet.add(open_for=3), fleet.add(open_for=3)
+    assert a.shared is not None
+    a.open()
+    assert wait_for(lambda: b.state is CircuitState.OPEN)
+    client = RedisBackend.from_url(redis_server.url).sync_client
+    errors = a.shared.statistics()["backend_errors"]
+    client.execute_command("CLIENT", "KILL", "TYPE", "pubsub")  # every subscriber
+    a.close()  # reaches Redis while a's subscriber waits to reconnect
+    assert wait_for(lambda: a.shared is not None and a.shared.published >= 2)
+    assert wait_for(
+        lambda: a.shared is not None and a.shared.statistics()["backend_errors"] > errors
+    )
+    assert wait_for(lambda: a.shared is not None and a.shared.connected)
+    c = fleet.add(open_for=3)  # (b missed the close: it stays open its cool-down)
+    heard = opened_event(a)
+    for _ in range(2):
+        with pytest.raises(Boom):
+            c.call(boom)  # a trip after the close
+    assert heard.wait(3)
+
+
 def test_a_trip_closed_during_the_outage_is_not_sent_later(
     fleet: Fleet, redis_server: RedisServer
 ) -> None:
