@@ -32,6 +32,7 @@ Keys (all of one breaker share one Redis Cluster hash tag)::
     {prefix}:{cb:<name>}:<key>:probe     the fleet probe lease (value: member; SET NX PX)
     {prefix}:{cb:<name>}:<key>:reports   quorum reports (ZSET process -> expiry)
     {prefix}:{cb:<name>}:index           open keys (ZSET key -> expiry), for the cached read
+    {prefix}:{cb:<name>}:started         open keys (ZSET key -> when its newest trip began)
     channel {prefix}:cb:events           JSON messages {op, name, key, ttl, origin}
 
 A *member* is one breaker (``SharedState.origin``): two breakers of one name in one
@@ -71,9 +72,9 @@ _STOP = object()  # tells the publisher thread to exit
 #: state replacing an older one still queued; past this cap a publish is dropped (the
 #: fleet still learns the state by polling).
 _MAX_PENDING = 10_000
-#: How long a close that reached Redis waits for its own message on the channel before
-#: it is forgotten anyway (the message is lost when the subscriber reconnects).
-_HEARD_WAIT = 2.0
+#: How long a close that reached Redis is remembered, to tell the trips it removed
+#: (those that began before it, in Redis time) from later ones when they come late.
+_CLOSE_MEMORY = 60.0
 
 _TRIP = """
 local t = redis.call('TIME')
@@ -100,19 +101,31 @@ redis.call('DEL', KEYS[4])
 if redis.call('PTTL', KEYS[1]) < ttl then
   redis.call('SET', KEYS[1], ARGV[2], 'PX', ttl)
 end
+for _, gone in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now)) do
+  redis.call('ZREM', KEYS[5], gone)
+end
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
 local score = tonumber(redis.call('ZSCORE', KEYS[2], ARGV[4]) or '0')
 if score < now + ttl then redis.call('ZADD', KEYS[2], now + ttl, ARGV[4]) end
 if redis.call('PTTL', KEYS[2]) < ttl then redis.call('PEXPIRE', KEYS[2], ttl) end
-redis.call('PUBLISH', ARGV[5], ARGV[6])
+-- When, in Redis time, the key's newest trip began: a close knows which trips it
+-- removed by comparing its own time with it (see SharedState._closed_since).
+redis.call('ZADD', KEYS[5], now, ARGV[4])
+if redis.call('PTTL', KEYS[5]) < ttl then redis.call('PEXPIRE', KEYS[5], ttl) end
+local message = string.gsub(ARGV[6], '"__BEGAN__"', string.format('%.0f', now), 1)
+redis.call('PUBLISH', ARGV[5], message)
 return {1, reports}
 """
 
+# Returns when (Redis ms) the close ran: the trips that began until then are closed.
 _CLOSE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('DEL', KEYS[1], KEYS[3], KEYS[4])
 redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('ZREM', KEYS[5], ARGV[1])
 redis.call('PUBLISH', ARGV[2], ARGV[3])
-return 1
+return now
 """
 
 _ELECT = """
@@ -142,12 +155,16 @@ return 0
 _POLL = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+for _, gone in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)) do
+  redis.call('ZREM', KEYS[2], gone)
+end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 local entries = redis.call('ZRANGEBYSCORE', KEYS[1], now, '+inf', 'WITHSCORES')
 local out = {}
 for i = 1, #entries, 2 do
   out[#out + 1] = entries[i]
   out[#out + 1] = tonumber(entries[i + 1]) - now
+  out[#out + 1] = tonumber(redis.call('ZSCORE', KEYS[2], entries[i]) or '-1')
 end
 return out
 """
@@ -244,6 +261,7 @@ class _Hub:
             member._unsent_lock = threading.Lock()
             member._unsent = {}  # the parent's trips, not this process's to report
             member._closing = {}  # the parent's closes, likewise
+            member._deferred = {}
         if not self.stopped and members:
             self._start_threads()
 
@@ -325,9 +343,7 @@ class _Hub:
             pubsub = None
             try:
                 pubsub = self.backend.sync_client.pubsub(ignore_subscribe_messages=True)
-                subscribing = time.monotonic()
                 pubsub.subscribe(self.channel)
-                self._closes_unheard_before(subscribing)
                 with self._applying:
                     self._poll_all()  # catch up on what was missed while away
                     self._set_connected(True, None)
@@ -352,11 +368,6 @@ class _Hub:
                     except Exception:  # pragma: no cover - best effort
                         pass
 
-    def _closes_unheard_before(self, subscribing: float) -> None:
-        # A method of its own: the subscriber loop's frame must hold no breaker.
-        for member in self._live():
-            member._closes_unheard_before(subscribing)
-
     def _set_connected(self, connected: bool, error: BaseException | None) -> None:
         if connected == self.connected:
             return
@@ -370,12 +381,11 @@ class _Hub:
             origin = message.get("origin")
             trips = int(message.get("trips", 0))
             for member in list(self._members.get(message["name"], ())):
-                if member.origin == origin:  # its own: only another breaker applies it
-                    if message["op"] in ("close", "reset"):
-                        member._own_close_heard(message.get("key"), message.get("close", ""))
-                    continue
+                if member.origin == origin:
+                    continue  # its own message; another breaker of this process hears it
                 ttl = float(message.get("ttl", 0))
-                member._remote(message["op"], message.get("key"), ttl, trips)
+                began = int(message.get("began", -1))
+                member._remote(message["op"], message.get("key"), ttl, trips, began)
         except Exception:
             logger.warning("resilience: bad breaker message %r", data, exc_info=True)
 
@@ -474,6 +484,7 @@ class SharedState:
         self._poll_script = backend.script(_POLL)
         self._tag = backend.key("cb", _safe(self.name))
         self._index = self._tag + ":index"
+        self._started = self._tag + ":started"
         self._hub = _Hub.for_backend(backend)
         #: This breaker's identity in the fleet: its messages, open signals and probe
         #: leases (a new one in a forked child).
@@ -481,15 +492,17 @@ class SharedState:
         # Trips not published (Redis unreachable): wire key -> (key, monotonic end of
         # the cool-down, trips, quorum); sent again once Redis answers (see _poll).
         self._unsent: dict[str | None, tuple[Hashable, float, int, int]] = {}
-        # This breaker's closes the fleet may not show it yet: index member -> (the
-        # close's id, the monotonic time it reached Redis or None while it is on its
-        # way, whether its own message came back on the channel). A poll that began
-        # before it reached Redis may read the trip it removed, and a trip message
-        # that comes before its own is older than it (the channel keeps Redis's
-        # order): neither re-opens this breaker. A close Redis did not take is
-        # forgotten: the breaker follows the fleet again (its next poll re-opens it
-        # if the trip is still there).
-        self._closing: dict[str, tuple[str, float | None, bool]] = {}
+        # This breaker's closes: index member -> (the close's id, when it ran in Redis
+        # (ms), None while it is on its way; when that was known here). A trip that
+        # began before the close ran (in Redis time), or any trip while the close is on
+        # its way, is one the close removes: a poll that read it, or its message come
+        # late, does not re-open this breaker. A close Redis did not take is forgotten:
+        # the breaker follows the fleet again (its next poll re-opens it if the trip is
+        # still there).
+        self._closing: dict[str, tuple[str, int | None, float]] = {}
+        # A trip message that came while this breaker's close was on its way: decided
+        # when the close lands (index member -> key, ttl ms, trips, began, heard at).
+        self._deferred: dict[str, tuple[str | None, float, int, int, float]] = {}
         self._unsent_lock = threading.Lock()
         #: Messages sent / applied, and fleet elections won / lost.
         self.published = 0
@@ -525,7 +538,7 @@ class SharedState:
 
     def _keys(self, key: Hashable) -> list[str]:
         base = f"{self._tag}:{_safe('' if key is None else str(key))}"
-        return [base + ":open", self._index, base + ":reports", base + ":probe"]
+        return [base + ":open", self._index, base + ":reports", base + ":probe", self._started]
 
     # ---------------------------------------------------------------- outbound
 
@@ -547,6 +560,7 @@ class SharedState:
             quorum = 1 if reason == "manual" else self.quorum
             with self._unsent_lock:
                 self._closing.pop(wire or "", None)  # tripped again: that close is old news
+                self._deferred.pop(wire or "", None)
             # One publish slot per breaker and key: a sibling breaker's (same name, same
             # backend) must not replace this one's.
             self._hub.submit(
@@ -559,28 +573,21 @@ class SharedState:
             with self._unsent_lock:
                 closing = self._closing
                 closing.pop(wire or "", None)  # re-inserted as the newest
+                self._deferred.pop(wire or "", None)  # this close removes that trip too
                 if len(closing) >= _MAX_PENDING:
                     del closing[next(iter(closing))]
                 close = uuid.uuid4().hex
-                closing[wire or ""] = (close, None, False)
+                closing[wire or ""] = (close, None, time.monotonic())
             job = functools.partial(self._publish_close, wire, op, close)
             if not self._hub.submit((self.origin, wire), job):
-                self._close_settled(wire, close, sent=False)
+                self._close_settled(wire, close, None)
 
-    def _message(
-        self, op: str, key: str | None, ttl: int = 0, trips: int = 0, close: str = ""
-    ) -> str:
-        return json.dumps(
-            {
-                "op": op,
-                "name": self.name,
-                "key": key,
-                "ttl": ttl,
-                "origin": self.origin,
-                "trips": trips,
-                "close": close,
-            }
-        )
+    def _message(self, op: str, key: str | None, ttl: int = 0, trips: int = 0) -> str:
+        body = {"op": op, "name": self.name, "key": key, "ttl": ttl, "origin": self.origin}
+        if op == "open":
+            body["trips"] = trips
+            body["began"] = "__BEGAN__"  # replaced by the trip script: when, in Redis time
+        return json.dumps(body)
 
     def _publish_open(
         self, key: Hashable, wire: str | None, ttl: int, trips: int, quorum: int
@@ -606,45 +613,43 @@ class SharedState:
     def _publish_close(self, wire: str | None, op: str, close: str) -> None:
         with self._unsent_lock:
             self._unsent.pop(wire, None)  # closed since: that trip is news no more
-        args = [wire or "", self._hub.channel, self._message(op, wire, close=close)]
-        sent = self._run(self._close, self._keys(wire), args) is not None
-        self._close_settled(wire, close, sent=sent)
+        args = [wire or "", self._hub.channel, self._message(op, wire)]
+        ran = self._run(self._close, self._keys(wire), args)
+        self._close_settled(wire, close, None if ran is None else int(ran))
 
-    def _close_settled(self, wire: str | None, close: str, *, sent: bool) -> None:
-        """``close`` reached Redis (noted, for the polls), or never will (forgotten)."""
+    def _close_settled(self, wire: str | None, close: str, ran: int | None) -> None:
+        """``close`` ran in Redis at ``ran`` (ms; noted), or never will (forgotten).
+
+        A trip message that came meanwhile is applied now if the close did not remove
+        it (it began after the close ran, or the close never ran).
+        """
         member = wire or ""
         with self._unsent_lock:
             entry = self._closing.get(member)
             if entry is None or entry[0] != close:
                 return  # tripped or closed again since: that is the news now
-            if sent:
-                self._closing[member] = (close, time.monotonic(), entry[2])
+            if ran is not None:
+                self._closing[member] = (close, ran, time.monotonic())
             else:
                 del self._closing[member]
+            deferred = self._deferred.pop(member, None)
+        if deferred is None:
+            return
+        key, ttl_ms, trips, began, heard = deferred
+        left = ttl_ms - (time.monotonic() - heard) * 1000
+        if left > 0 and (ran is None or not 0 <= began <= ran):
+            with self._hub._applying:  # as the subscriber applies a message
+                self._remote("open", key, left, trips)
 
-    def _own_close_heard(self, wire: str | None, close: str) -> None:
-        """This breaker's close came back on the channel: trip messages after it are
-        newer than it."""
-        member = wire or ""
-        with self._unsent_lock:
-            entry = self._closing.get(member)
-            if entry is not None and entry[0] == close:
-                self._closing[member] = (close, entry[1], True)
-
-    def _closes_unheard_before(self, subscribing: float) -> None:
-        """The subscriber (re)subscribes: closes that reached Redis before then were
-        published while nobody listened, and their messages will never come back."""
-        with self._unsent_lock:
-            closing = self._closing
-            for member, (close, at, heard) in list(closing.items()):
-                if not heard and at is not None and at < subscribing:
-                    closing[member] = (close, at, True)
-
-    def _closed_since(self, wire: str | None) -> bool:
-        """Whether a trip message of ``wire`` heard now came before this breaker's
-        close (on the channel, in Redis's order), so that the close removed it."""
+    def _closed_since(self, wire: str | None, began: int) -> bool:
+        """Whether this breaker's close removed the trip of ``wire`` that began at
+        ``began`` (Redis ms; -1: not known): it began before the close ran, or the
+        close is still on its way (it will remove whatever is there)."""
         entry = self._closing.get(wire or "")
-        return entry is not None and not entry[2]
+        if entry is None:
+            return False
+        ran = entry[1]
+        return ran is None or 0 <= began <= ran
 
     def _resend(self, breaker: CircuitBreaker) -> None:
         """Publish the trips Redis missed, for what is left of their cool-downs."""
@@ -755,9 +760,19 @@ class SharedState:
 
     # ---------------------------------------------------------------- inbound (hub thread)
 
-    def _remote(self, op: str, key: str | None, ttl_ms: float, trips: int = 0) -> None:
+    def _remote(
+        self, op: str, key: str | None, ttl_ms: float, trips: int = 0, began: int = -1
+    ) -> None:
+        if op == "open" and began != -1:
+            with self._unsent_lock:
+                entry = self._closing.get(key or "")
+                if entry is not None and entry[1] is None:  # decided when the close lands
+                    self._deferred[key or ""] = (key, ttl_ms, trips, began, time.monotonic())
+                    return
+            if self._closed_since(key, began):
+                return
         breaker = self._breaker()
-        if breaker is None or (op == "open" and self._closed_since(key)):
+        if breaker is None:
             return
         self.applied += 1
         breaker._apply_remote(key, op, ttl_ms / 1000.0, trips)
@@ -766,29 +781,22 @@ class SharedState:
         breaker = self._breaker()
         if breaker is None:
             return
-        started = time.monotonic()
         # A failure propagates to the subscriber loop, which reports it (once) to every
         # breaker of the backend as the connection lost.
-        raw = self._poll_script.run([self._index], [])
+        raw = self._poll_script.run([self._index, self._started], [])
         self._failover.succeeded()
         with self._unsent_lock:
-            # Closes that reached Redis before this poll began are in what it read; kept
-            # until their own message came back (older trip messages may still be on
-            # their way), or for a while if it never does (the subscriber reconnected).
             closing = self._closing
-            for done in [
-                w
-                for w, (_, at, heard) in closing.items()
-                if at is not None and at < (started if heard else started - _HEARD_WAIT)
-            ]:
+            old = time.monotonic() - _CLOSE_MEMORY
+            for done in [w for w, (_, ran, at) in closing.items() if ran is not None and at < old]:
                 del closing[done]
         if self._unsent:
             self._resend(breaker)
-        for index in range(0, len(raw), 2):
+        for index in range(0, len(raw), 3):
             member = raw[index]
             wire = member.decode() if isinstance(member, bytes) else str(member)
-            if wire in self._closing:  # read now, so a close made during this poll counts
-                continue  # this breaker closed it since: not a trip to re-open for
+            if self._closed_since(wire, int(raw[index + 2])):
+                continue  # a trip this breaker's close removed (or will)
             key = wire if breaker.keyed else None
             if breaker.state_of(key) is CircuitState.CLOSED:
                 self.applied += 1

@@ -817,7 +817,7 @@ def test_a_close_made_as_a_missed_trip_is_re_sent_wins(
         assert a.state is CircuitState.CLOSED
         assert moves == []  # b never heard the stale trip
         assert a.shared is not None
-        assert all(at is not None for _, at, _ in a.shared._closing.values())
+        assert all(ran is not None for _, ran, _ in a.shared._closing.values())
     finally:
         cut_off.close()
 
@@ -876,6 +876,38 @@ def test_a_close_published_while_the_subscriber_reconnects_does_not_mute_later_t
         with pytest.raises(Boom):
             c.call(boom)  # a trip after the close
     assert heard.wait(3)
+
+
+def test_a_trip_heard_while_a_close_is_on_its_way_waits_for_the_close(
+    fleet: Fleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A trip message heard while this breaker's close is still on its way is decided
+    when the close lands: a close that never reached Redis removed nothing, so the
+    breaker opens with the fleet then (not at its next poll, sync_interval later)."""
+    a, b = fleet.add(open_for=5), fleet.add(open_for=5)
+    assert a.shared is not None
+    shared = a.shared
+
+    class Unreachable:
+        def run(self, keys: list[str], args: list[Any]) -> Any:
+            raise rs.BackendError("redis unreachable")
+
+    monkeypatch.setattr(shared, "_close", Unreachable())
+    gate = threading.Event()
+    shared._hub.submit(("busy", "gate"), gate.wait)  # holds a's publisher
+    try:
+        a.close()  # on its way ...
+        heard = opened_event(c := fleet.add(open_for=5))
+        for _ in range(2):
+            with pytest.raises(Boom):
+                b.call(boom)  # ... when b trips
+        assert heard.wait(3)
+        assert wait_for(lambda: shared._deferred)  # a heard it too, and waits
+        assert a.state is CircuitState.CLOSED
+    finally:
+        gate.set()  # the close fails: it removed nothing
+    assert wait_for(lambda: a.state is CircuitState.OPEN, timeout=2)
+    assert c.state is CircuitState.OPEN
 
 
 def test_a_trip_closed_during_the_outage_is_not_sent_later(

@@ -209,6 +209,14 @@ class BreakerSubject(Subject):
     def fleet_works(self) -> bool:
         """A trip of the peer reaches the policy through Redis (pub/sub or index poll)."""
         self.policy.close()
+        # Redis's order decides between a close and a trip: the close must have run
+        # (or failed) first, or it removes the peer's trip.
+        closes = self.policy.shared._closing
+        deadline = time.monotonic() + 1.0
+        while any(ran is None for _, ran, _ in list(closes.values())):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.005)
         self.peer.open(seconds=5.0)
         try:
             deadline = time.monotonic() + 0.5
