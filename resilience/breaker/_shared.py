@@ -32,7 +32,8 @@ Keys (all of one breaker share one Redis Cluster hash tag)::
     {prefix}:{cb:<name>}:<key>:probe     the fleet probe lease (value: member; SET NX PX)
     {prefix}:{cb:<name>}:<key>:reports   quorum reports (ZSET process -> expiry)
     {prefix}:{cb:<name>}:index           open keys (ZSET key -> expiry), for the cached read
-    {prefix}:{cb:<name>}:started         open keys (ZSET key -> when its newest trip began)
+    {prefix}:{cb:<name>}:started         open keys (ZSET key -> stamp of its newest trip)
+    {prefix}:{cb:<name>}:stamp           the last stamp (Redis ms x 1000, strictly rising)
     channel {prefix}:cb:events           JSON messages {op, name, key, ttl, origin}
 
 A *member* is one breaker (``SharedState.origin``): two breakers of one name in one
@@ -108,24 +109,31 @@ redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
 local score = tonumber(redis.call('ZSCORE', KEYS[2], ARGV[4]) or '0')
 if score < now + ttl then redis.call('ZADD', KEYS[2], now + ttl, ARGV[4]) end
 if redis.call('PTTL', KEYS[2]) < ttl then redis.call('PEXPIRE', KEYS[2], ttl) end
--- When, in Redis time, the key's newest trip began: a close knows which trips it
--- removed by comparing its own time with it (see SharedState._closed_since).
-redis.call('ZADD', KEYS[5], now, ARGV[4])
+-- When the key's newest trip began, as a stamp (Redis ms x 1000, strictly rising per
+-- breaker name): a close knows which trips it removed by comparing its own stamp
+-- with it (see SharedState._closed_since).
+local last = tonumber(redis.call('GET', KEYS[6]) or '0')
+local stamp = math.max(now * 1000, last + 1)
+redis.call('SET', KEYS[6], string.format('%.0f', stamp), 'PX', 86400000)
+redis.call('ZADD', KEYS[5], stamp, ARGV[4])
 if redis.call('PTTL', KEYS[5]) < ttl then redis.call('PEXPIRE', KEYS[5], ttl) end
-local message = string.gsub(ARGV[6], '"__BEGAN__"', string.format('%.0f', now), 1)
+local message = string.gsub(ARGV[6], '"__BEGAN__"', string.format('%.0f', stamp), 1)
 redis.call('PUBLISH', ARGV[5], message)
 return {1, reports}
 """
 
-# Returns when (Redis ms) the close ran: the trips that began until then are closed.
+# Returns the close's stamp (see _TRIP): the trips with a lower one are closed.
 _CLOSE = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local last = tonumber(redis.call('GET', KEYS[6]) or '0')
+local stamp = math.max(now * 1000, last + 1)
+redis.call('SET', KEYS[6], string.format('%.0f', stamp), 'PX', 86400000)
 redis.call('DEL', KEYS[1], KEYS[3], KEYS[4])
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('ZREM', KEYS[5], ARGV[1])
 redis.call('PUBLISH', ARGV[2], ARGV[3])
-return now
+return string.format('%.0f', stamp)
 """
 
 _ELECT = """
@@ -538,7 +546,14 @@ class SharedState:
 
     def _keys(self, key: Hashable) -> list[str]:
         base = f"{self._tag}:{_safe('' if key is None else str(key))}"
-        return [base + ":open", self._index, base + ":reports", base + ":probe", self._started]
+        return [
+            base + ":open",
+            self._index,
+            base + ":reports",
+            base + ":probe",
+            self._started,
+            self._tag + ":stamp",
+        ]
 
     # ---------------------------------------------------------------- outbound
 
@@ -583,10 +598,12 @@ class SharedState:
                 self._close_settled(wire, close, None)
 
     def _message(self, op: str, key: str | None, ttl: int = 0, trips: int = 0) -> str:
-        body = {"op": op, "name": self.name, "key": key, "ttl": ttl, "origin": self.origin}
+        # "began" first: the trip script replaces the first "__BEGAN__" with the trip's
+        # stamp, which must not be a name or key spelled so.
+        body: dict[str, Any] = {"began": "__BEGAN__"} if op == "open" else {}
+        body.update(op=op, name=self.name, key=key, ttl=ttl, origin=self.origin)
         if op == "open":
             body["trips"] = trips
-            body["began"] = "__BEGAN__"  # replaced by the trip script: when, in Redis time
         return json.dumps(body)
 
     def _publish_open(
@@ -763,7 +780,10 @@ class SharedState:
     def _remote(
         self, op: str, key: str | None, ttl_ms: float, trips: int = 0, began: int = -1
     ) -> None:
-        if op == "open" and began != -1:
+        if op != "open":
+            with self._unsent_lock:  # that close removed a trip waiting for ours too
+                self._deferred.pop(key or "", None)
+        elif began != -1:
             with self._unsent_lock:
                 entry = self._closing.get(key or "")
                 if entry is not None and entry[1] is None:  # decided when the close lands

@@ -845,7 +845,7 @@ def test_a_trip_message_older_than_this_breaker_s_close_does_not_reopen_it(
         a.close()  # reaches Redis after the trip, at once: it closes the trip
         assert wait_for(lambda: b.state is CircuitState.CLOSED and c.state is CircuitState.CLOSED)
         time.sleep(0.8)  # b's trip message, then a's own close, have reached a
-        assert not client.keys("*")
+        assert [k for k in client.keys("*") if not k.endswith(b":stamp")] == []  # no trip
         assert a.state is CircuitState.CLOSED
     finally:
         late.close()
@@ -908,6 +908,87 @@ def test_a_trip_heard_while_a_close_is_on_its_way_waits_for_the_close(
         gate.set()  # the close fails: it removed nothing
     assert wait_for(lambda: a.state is CircuitState.OPEN, timeout=2)
     assert c.state is CircuitState.OPEN
+
+
+def test_a_trip_right_after_a_close_in_the_same_millisecond_reopens_the_closer(
+    fleet: Fleet, redis_server: RedisServer
+) -> None:
+    """A trip that Redis runs right after this breaker's close, within the same
+    millisecond, is newer than the close: the closer opens with the fleet. (Both were
+    dated in whole Redis milliseconds, and the tie counted as removed by the close.)"""
+    import redis
+
+    from resilience.breaker import _shared
+
+    a, b = fleet.add(open_for=5), fleet.add(open_for=5)
+    assert a.shared is not None
+    assert b.shared is not None
+    tripper = b.shared
+    client = redis.Redis.from_url(redis_server.url)
+    close, trip = client.register_script(_shared._CLOSE), client.register_script(_shared._TRIP)
+
+    class CloseThenTrip:  # the close, then b's trip, back to back in one transaction
+        def run(self, keys: list[str], args: list[Any]) -> Any:
+            pipe = client.pipeline(transaction=True)
+            close(keys=keys, args=args, client=pipe)
+            message = tripper._message("open", None, 5000, 1)
+            trip_args = [5000, tripper.origin, 1, "", tripper._hub.channel, message]
+            trip(keys=tripper._keys(None), args=[*trip_args, tripper._hub.origin], client=pipe)
+            return pipe.execute()[0]
+
+    a.shared._close = CloseThenTrip()  # type: ignore[assignment]
+    a.close()
+    assert wait_for(lambda: a.state is CircuitState.OPEN, timeout=2)
+
+
+def test_a_trip_waiting_for_a_close_is_dropped_by_a_later_close_of_the_fleet(
+    fleet: Fleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A trip message heard while this breaker's close was on its way, and closed since
+    by another process, is not applied when the close lands. (It re-opened the breaker
+    for its cool-down while the fleet was closed.)"""
+    a, b, c = fleet.add(open_for=5), fleet.add(open_for=5), fleet.add(open_for=5)
+    assert a.shared is not None
+    script = a.shared._close
+    reply = threading.Event()
+    ran: list[Any] = []
+
+    class LateReply:  # the close runs at once; its reply comes when the test says
+        def run(self, keys: list[str], args: list[Any]) -> Any:
+            ran.append(script.run(keys, args))
+            reply.wait(5)
+            return ran[0]
+
+    monkeypatch.setattr(a.shared, "_close", LateReply())
+    try:
+        a.close()
+        assert wait_for(lambda: bool(ran))
+        heard = opened_event(c)
+        for _ in range(2):
+            with pytest.raises(Boom):
+                b.call(boom)  # a trip after a's close: a waits for its reply
+        assert heard.wait(3)
+        assert wait_for(lambda: a.shared is not None and bool(a.shared._deferred))
+        c.close()  # another process closes the fleet, that trip included
+        assert wait_for(lambda: b.state is CircuitState.CLOSED)
+        assert wait_for(lambda: a.shared is not None and not a.shared._deferred)
+    finally:
+        reply.set()
+    time.sleep(0.2)
+    assert a.state is CircuitState.CLOSED
+
+
+def test_a_key_spelled_like_the_trip_placeholder_is_shared(fleet: Fleet) -> None:
+    """A key (or name) spelled ``__BEGAN__`` is shared like any other: the trip script
+    stamps the message's own field, not the key's."""
+    a = fleet.add(key=lambda host: host)
+    b = fleet.add(key=lambda host: host)
+    heard = opened_event(b)
+    for _ in range(2):
+        with pytest.raises(Boom):
+            a.call(boom, "__BEGAN__")
+    assert heard.wait(3)
+    assert b.state_of("__BEGAN__") is CircuitState.OPEN
 
 
 def test_a_trip_closed_during_the_outage_is_not_sent_later(
