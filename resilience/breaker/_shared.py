@@ -74,7 +74,7 @@ _STOP = object()  # tells the publisher thread to exit
 #: fleet still learns the state by polling).
 _MAX_PENDING = 10_000
 #: How long a close that reached Redis is remembered, to tell the trips it removed
-#: (those that began before it, in Redis time) from later ones when they come late.
+#: (those stamped before it) from later ones when they come late.
 _CLOSE_MEMORY = 60.0
 
 _TRIP = """
@@ -500,10 +500,10 @@ class SharedState:
         # Trips not published (Redis unreachable): wire key -> (key, monotonic end of
         # the cool-down, trips, quorum); sent again once Redis answers (see _poll).
         self._unsent: dict[str | None, tuple[Hashable, float, int, int]] = {}
-        # This breaker's closes: index member -> (the close's id, when it ran in Redis
-        # (ms), None while it is on its way; when that was known here). A trip that
-        # began before the close ran (in Redis time), or any trip while the close is on
-        # its way, is one the close removes: a poll that read it, or its message come
+        # This breaker's closes: index member -> (the close's id, its stamp from Redis
+        # (see _TRIP), None while it is on its way; when that was known here). A trip
+        # with a lower stamp, or any trip while the close is on its way, is one the
+        # close removes: a poll that read it, or its message come
         # late, does not re-open this breaker. A close Redis did not take is forgotten:
         # the breaker follows the fleet again (its next poll re-opens it if the trip is
         # still there).
@@ -635,7 +635,7 @@ class SharedState:
         self._close_settled(wire, close, None if ran is None else int(ran))
 
     def _close_settled(self, wire: str | None, close: str, ran: int | None) -> None:
-        """``close`` ran in Redis at ``ran`` (ms; noted), or never will (forgotten).
+        """``close`` ran in Redis with the stamp ``ran`` (noted), or never will (forgotten).
 
         A trip message that came meanwhile is applied now if the close did not remove
         it (it began after the close ran, or the close never ran).
@@ -659,9 +659,9 @@ class SharedState:
                 self._remote("open", key, left, trips)
 
     def _closed_since(self, wire: str | None, began: int) -> bool:
-        """Whether this breaker's close removed the trip of ``wire`` that began at
-        ``began`` (Redis ms; -1: not known): it began before the close ran, or the
-        close is still on its way (it will remove whatever is there)."""
+        """Whether this breaker's close removed the trip of ``wire`` stamped ``began``
+        (-1: not known): it came before the close ran, or the close is still on its
+        way (it will remove whatever is there)."""
         entry = self._closing.get(wire or "")
         if entry is None:
             return False
