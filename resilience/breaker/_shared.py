@@ -611,8 +611,8 @@ class SharedState:
     ) -> None:
         args = [ttl, self.origin, quorum, wire or "", self._hub.channel]
         message = self._message("open", wire, ttl, trips)
-        sent = self._run(self._trip, self._keys(wire), [*args, message, self._hub.origin])
-        sent = sent is not None
+        reply = self._run(self._trip, self._keys(wire), [*args, message, self._hub.origin])
+        sent = reply is not None
         with self._unsent_lock:
             if sent:
                 self._unsent.pop(wire, None)

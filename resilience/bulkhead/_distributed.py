@@ -62,6 +62,15 @@ _HEAD_POLL = 1.0
 _LATE_CHECK = 0.1
 
 
+def _count_down(counts: dict[Hashable, int], key: Hashable) -> None:
+    """One fewer of ``key`` in ``counts`` (a key at zero is dropped)."""
+    n = counts.get(key, 0) - 1
+    if n > 0:
+        counts[key] = n
+    else:
+        counts.pop(key, None)
+
+
 def _lua(name: str) -> str:
     return resources.files("resilience.backends").joinpath(f"lua/{name}").read_text()
 
@@ -934,11 +943,7 @@ class Distributed:
             return
         turn[0] = False
         with self.lock:
-            n = self._asking.get(key, 0) - 1
-            if n > 0:
-                self._asking[key] = n
-            else:
-                self._asking.pop(key, None)
+            _count_down(self._asking, key)
         self._let_next_go(key)
 
     def _twin_turn_passed(self, key: Hashable) -> None:
@@ -1207,11 +1212,7 @@ class Distributed:
     def forget_held(self, key: Hashable) -> None:
         """One lease of ``key`` held by this process is gone."""
         with self.lock:
-            n = self._held.get(key, 0) - 1
-            if n > 0:
-                self._held[key] = n
-            else:
-                self._held.pop(key, None)
+            _count_down(self._held, key)
         self._twin_gives_back(key)
 
     def release_now(self, keys: list[str], token: str) -> None:
