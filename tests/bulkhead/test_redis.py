@@ -921,6 +921,25 @@ def test_a_caller_refused_after_an_outage_is_counted_once(
     theirs.release()
 
 
+def _one_waiter_in_the_twin(
+    redis_server: RedisServer, bulkhead: rs.Bulkhead, max_wait: float
+) -> tuple[Any, rs.Bulkhead, rs.Permit, threading.Thread, list[rs.Permit]]:
+    """Pause Redis for 0.8 s; ``bulkhead`` (``local_limit=1``) takes the twin's only
+    slot (``held``, kept by the test) and one caller waits in the twin for up to
+    ``max_wait``. Returns ``(remote, twin, held, waiter thread, its permits)``."""
+    remote = bulkhead._remote
+    assert remote is not None
+    assert remote.twin is not None
+    twin = remote.twin
+    redis_server.command("CLIENT", "PAUSE", "800", "ALL")
+    held = bulkhead.acquire(max_wait=0.0)  # Redis does not answer: the twin's slot
+    got: list[rs.Permit] = []
+    waiter = threading.Thread(target=lambda: got.append(bulkhead.acquire(max_wait=max_wait)))
+    waiter.start()
+    wait_until(lambda: twin.statistics().waiting == 1)
+    return remote, twin, held, waiter, got
+
+
 def test_a_waiter_let_go_to_redis_that_fails_again_waits_within_the_limit(
     redis_server: RedisServer, backends: Callable[..., RedisBackend]
 ) -> None:
@@ -929,16 +948,7 @@ def test_a_waiter_let_go_to_redis_that_fails_again_waits_within_the_limit(
     slot the process's last holder gives back. (It used to hold the slot it was let go
     with and wait for a second one, behind itself, until its ``max_wait``.)"""
     bulkhead = rs.Bulkhead(2, backend=backends(timeout=0.05), name="again", local_limit=1)
-    remote = bulkhead._remote
-    assert remote is not None
-    assert remote.twin is not None
-    twin = remote.twin
-    redis_server.command("CLIENT", "PAUSE", "800", "ALL")
-    held = bulkhead.acquire(max_wait=0.0)  # Redis does not answer: the twin's slot
-    got: list[rs.Permit] = []
-    waiter = threading.Thread(target=lambda: got.append(bulkhead.acquire(max_wait=5.0)))
-    waiter.start()
-    wait_until(lambda: twin.statistics().waiting == 1)
+    remote, twin, held, waiter, got = _one_waiter_in_the_twin(redis_server, bulkhead, 5.0)
     let_go = remote.failover.on_recovery
     assert let_go is not None
 
@@ -963,16 +973,7 @@ def test_a_waiter_back_in_the_twin_is_let_go_again_at_the_next_recovery(
     is let go again when Redis answers once more: it gets the lease Redis has free
     (its first turn used to stay counted, so nobody let it go before its ``max_wait``)."""
     bulkhead = rs.Bulkhead(2, backend=backends(timeout=0.05), name="twice", local_limit=1)
-    remote = bulkhead._remote
-    assert remote is not None
-    assert remote.twin is not None
-    twin = remote.twin
-    redis_server.command("CLIENT", "PAUSE", "800", "ALL")
-    held = bulkhead.acquire(max_wait=0.0)  # the twin's only local slot, kept throughout
-    got: list[rs.Permit] = []
-    waiter = threading.Thread(target=lambda: got.append(bulkhead.acquire(max_wait=6.0)))
-    waiter.start()
-    wait_until(lambda: twin.statistics().waiting == 1)
+    remote, _, held, waiter, got = _one_waiter_in_the_twin(redis_server, bulkhead, 6.0)
     let_go = remote.failover.on_recovery
     assert let_go is not None
 
