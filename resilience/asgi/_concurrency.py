@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from re import Pattern
@@ -11,6 +12,7 @@ from typing import Any, Literal
 import anyio
 from anyio.abc import TaskGroup
 
+from .. import _deadline
 from .._clock import Clock
 from .._events import GLOBAL_LISTENERS, Listener
 from .._validate import (
@@ -32,7 +34,7 @@ from ._headers import retry_after_value
 from ._keys import KeyFunction, _as_key, cached_digest, keyed_scope, scope_app_of
 from ._problem import REDUCED_CAPACITY, Problem
 from ._rules import UNSET, Matcher, Rule, path_predicate, route_path
-from ._types import TIMED_OUT, ASGIApp, Message, Receive, Scope, Send, ends_response
+from ._types import DEADLINE_ECHO, TIMED_OUT, ASGIApp, Message, Receive, Scope, Send, ends_response
 
 __all__ = ["ConcurrencyLimitMiddleware", "header_priority"]
 
@@ -407,6 +409,14 @@ class ConcurrencyLimitMiddleware(Observed):
             watch = kind == "http" and not _expects_continue(scope)
             admission = await _admit(plan, key, priority, receive if watch else None)
         except (BulkheadFull, BackendError) as exc:
+            left = _deadline.clamp(math.inf)
+            if left <= DEADLINE_ECHO and isinstance(exc, BulkheadFull):
+                # Refused at the request's deadline (a wait clamped to it ends on its own
+                # timer): a TimeoutMiddleware outside cuts the request at that instant,
+                # sometimes a tick after the refusal, and answers 504. That is the
+                # answer, not a 503 counted as shed: wait the deadline out for its cut.
+                # A deadline that cuts nothing (rs.deadline) leaves it a refusal.
+                await anyio.sleep(left)
             self.shed += 1
             hint = getattr(exc, "retry_after", None)
             headers = [

@@ -18,7 +18,7 @@ from ..errors import ConfigurationError
 from ._base import Observed
 from ._problem import Problem
 from ._rules import UNSET, Matcher, Rule
-from ._types import TIMED_OUT, ASGIApp, Message, Receive, Scope, Send, ends_response
+from ._types import DEADLINE_ECHO, TIMED_OUT, ASGIApp, Message, Receive, Scope, Send, ends_response
 
 __all__ = ["TimeoutMiddleware"]
 
@@ -201,10 +201,10 @@ class TimeoutMiddleware(Observed):
             Timeout): an inner rs.Timeout clamped to this deadline fires on its own
             timer, which lands a moment sooner now and then (uvloop's timers keep
             milliseconds), and the app answers its error before the cut; within
-            _ECHO of the deadline such an error is taken for the timeout's."""
+            DEADLINE_ECHO of the deadline such an error is taken for the timeout's."""
             if cancel_scope.cancel_called:
                 return True
-            if entered.remaining() > (_ECHO if echo else 0.0):
+            if entered.remaining() > (DEADLINE_ECHO if echo else 0.0):
                 return False
             expire()
             return True
@@ -311,10 +311,6 @@ async def _settle(answer: Any) -> None:
     if not answer.done():  # a client that reads nothing: the 504 is not sent after us
         answer.cancel()
 
-
-#: Seconds before the deadline within which a 5xx answer or a Timeout raised by the
-#: app is taken for the deadline's own (see ``overrun`` in ``TimeoutMiddleware._run``).
-_ECHO = 0.02
 
 #: Seconds the clean end of a cut stream may take to send.
 _END_GRACE = 1.0

@@ -28,6 +28,11 @@ app(scope: Scope, receive: Receive, send: Send) -> None: ...``"""
 #: middlewares outside it (a cut sync endpoint returns normally, its answer dropped).
 TIMED_OUT = "resilience.timed_out"
 
+#: Seconds before a request's deadline within which an error or a refusal is taken for
+#: the deadline's own: an inner policy clamped to it ends on its own timer, which may
+#: fire a moment before TimeoutMiddleware's (see ``overrun`` in ``TimeoutMiddleware``).
+DEADLINE_ECHO = 0.02
+
 
 def ends_response(message: Message) -> bool:
     """Whether sending ``message`` completes the response: the last body chunk, or a

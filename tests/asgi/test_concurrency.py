@@ -984,3 +984,47 @@ async def test_a_slow_body_after_a_wait_in_the_queue_is_still_the_client_s_408()
             await wait_for(lambda: bulkhead.statistics().in_flight == 1)
             tg.start_soon(request, "/upload")
     assert statuses == {"/hold": 200, "/upload": 408}
+
+
+async def test_requests_whose_deadline_ends_their_wait_are_timeouts_not_shed() -> None:
+    """TimeoutMiddleware outside: a queued request whose deadline runs out while it waits
+    gets the 504, and is no 503 in ``shed``. The wait (clamped to the deadline) and the
+    deadline's cut end on two timers due at the same instant; on asyncio, when the wait's
+    ran first (a busy loop runs both in one tick), the refusal was counted as shed and its
+    503 dropped for the 504: ``shed`` counted requests nobody refused."""
+    import time
+
+    from resilience.asgi import TimeoutMiddleware
+
+    async def slow(scope: Any, receive: Any, send: Any) -> None:
+        await anyio.sleep(2)
+        await ok_app(scope, receive, send)
+
+    limited = ConcurrencyLimitMiddleware(slow, bulkhead=Bulkhead(1, max_wait=5))
+    stack = TimeoutMiddleware(limited, seconds=0.3)
+    statuses: list[int] = []
+
+    async def request() -> None:
+        sent: list[dict[str, Any]] = []
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        messages = [{"type": "http.request", "body": b"", "more_body": False}]
+
+        async def receive() -> dict[str, Any]:
+            if messages:
+                return messages.pop()
+            return await receive_nothing()
+
+        await stack(http_scope(), receive, send)
+        statuses.append(Result(sent).status)
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            for _ in range(12):
+                tg.start_soon(request)
+            await anyio.sleep(0.2)
+            time.sleep(0.2)  # the loop is busy across the deadline: both timers are due
+    assert statuses == [504] * 12
+    assert limited.shed == 0
