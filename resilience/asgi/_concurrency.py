@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from re import Pattern
@@ -12,7 +11,6 @@ from typing import Any, Literal
 import anyio
 from anyio.abc import TaskGroup
 
-from .. import _deadline
 from .._clock import Clock
 from .._events import GLOBAL_LISTENERS, Listener
 from .._validate import (
@@ -27,14 +25,24 @@ from .._validate import (
 )
 from ..bulkhead._bulkhead import Bulkhead, _check_priority
 from ..bulkhead._permit import Permit
-from ..errors import BackendError, BulkheadFull, ConfigurationError, ResilienceError
+from ..errors import BackendError, BulkheadFull, ConfigurationError, ResilienceError, Timeout
 from ._base import Observed
 from ._events import RequestAdmitted, RequestCompleted
 from ._headers import retry_after_value
 from ._keys import KeyFunction, _as_key, cached_digest, keyed_scope, scope_app_of
 from ._problem import REDUCED_CAPACITY, Problem
 from ._rules import UNSET, Matcher, Rule, path_predicate, route_path
-from ._types import DEADLINE_ECHO, TIMED_OUT, ASGIApp, Message, Receive, Scope, Send, ends_response
+from ._types import (
+    DEADLINE,
+    DEADLINE_ECHO,
+    TIMED_OUT,
+    ASGIApp,
+    Message,
+    Receive,
+    Scope,
+    Send,
+    ends_response,
+)
 
 __all__ = ["ConcurrencyLimitMiddleware", "header_priority"]
 
@@ -409,14 +417,19 @@ class ConcurrencyLimitMiddleware(Observed):
             watch = kind == "http" and not _expects_continue(scope)
             admission = await _admit(plan, key, priority, receive if watch else None)
         except (BulkheadFull, BackendError) as exc:
-            left = _deadline.clamp(math.inf)
-            if left <= DEADLINE_ECHO and isinstance(exc, BulkheadFull):
-                # Refused at the request's deadline (a wait clamped to it ends on its own
-                # timer): a TimeoutMiddleware outside cuts the request at that instant,
-                # sometimes a tick after the refusal, and answers 504. That is the
-                # answer, not a 503 counted as shed: wait the deadline out for its cut.
-                # A deadline that cuts nothing (rs.deadline) leaves it a refusal.
-                await anyio.sleep(left)
+            cut = scope.get(DEADLINE)
+            if (
+                cut is not None
+                and isinstance(exc, BulkheadFull)
+                and cut[0].remaining() <= DEADLINE_ECHO
+            ):
+                # Refused at the deadline of a TimeoutMiddleware outside (a wait clamped
+                # to it ends on its own timer, which may run before the deadline's): it
+                # would drop a 503 this close to its deadline for its 504. A Timeout is
+                # what it answers as its deadline's own: no 503, nothing counted shed.
+                error = Timeout(cut[1])
+                error.args = ("the request's deadline ran out while it waited for a slot",)
+                raise error from exc
             self.shed += 1
             hint = getattr(exc, "retry_after", None)
             headers = [

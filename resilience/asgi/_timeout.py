@@ -18,7 +18,17 @@ from ..errors import ConfigurationError
 from ._base import Observed
 from ._problem import Problem
 from ._rules import UNSET, Matcher, Rule
-from ._types import DEADLINE_ECHO, TIMED_OUT, ASGIApp, Message, Receive, Scope, Send, ends_response
+from ._types import (
+    DEADLINE,
+    DEADLINE_ECHO,
+    TIMED_OUT,
+    ASGIApp,
+    Message,
+    Receive,
+    Scope,
+    Send,
+    ends_response,
+)
 
 __all__ = ["TimeoutMiddleware"]
 
@@ -143,6 +153,7 @@ class TimeoutMiddleware(Observed):
         start_headers: Any = ()
         outer = _deadline.current_deadline()
         entered, token = _deadline.push(seconds, self._clock)
+        scope[DEADLINE] = (entered, seconds)
         # Ours to lift when the response completes, unless a sooner outer one stays.
         own = entered is not outer
         budget = entered.remaining()

@@ -28,9 +28,14 @@ app(scope: Scope, receive: Receive, send: Send) -> None: ...``"""
 #: middlewares outside it (a cut sync endpoint returns normally, its answer dropped).
 TIMED_OUT = "resilience.timed_out"
 
-#: Seconds before a request's deadline within which an error or a refusal is taken for
-#: the deadline's own: an inner policy clamped to it ends on its own timer, which may
-#: fire a moment before TimeoutMiddleware's (see ``overrun`` in ``TimeoutMiddleware``).
+#: A scope key TimeoutMiddleware sets to ``(deadline, seconds)`` of the request: a
+#: middleware inside it that is refused at that deadline raises ``Timeout`` for it to
+#: answer (504), as an inner policy clamped to the deadline does.
+DEADLINE = "resilience.deadline"
+
+#: Seconds before a request's deadline within which a 5xx answer or a ``Timeout`` is
+#: taken for the deadline's own: an inner policy clamped to it ends on its own timer,
+#: which may fire a moment before TimeoutMiddleware's (see ``overrun`` there).
 DEADLINE_ECHO = 0.02
 
 

@@ -986,12 +986,20 @@ async def test_a_slow_body_after_a_wait_in_the_queue_is_still_the_client_s_408()
     assert statuses == {"/hold": 200, "/upload": 408}
 
 
-async def test_requests_whose_deadline_ends_their_wait_are_timeouts_not_shed() -> None:
-    """TimeoutMiddleware outside: a queued request whose deadline runs out while it waits
-    gets the 504, and is no 503 in ``shed``. The wait (clamped to the deadline) and the
-    deadline's cut end on two timers due at the same instant; on asyncio, when the wait's
-    ran first (a busy loop runs both in one tick), the refusal was counted as shed and its
-    503 dropped for the 504: ``shed`` counted requests nobody refused."""
+@pytest.mark.parametrize(
+    ("seconds", "max_wait", "busy"),
+    [(0.3, 5.0, True), (0.3, 0.29, False), (0.015, 0.0, False)],
+    ids=["wait-clamped-to-the-deadline", "wait-ends-10ms-before", "refused-at-once-near-it"],
+)
+async def test_requests_refused_at_their_deadline_are_timeouts_not_shed(
+    seconds: float, max_wait: float, busy: bool
+) -> None:
+    """TimeoutMiddleware outside: a queued request refused at its deadline (a wait
+    clamped to it, a wait ending within 20 ms of it, a full bulkhead just before it)
+    gets the 504, and is no 503 in ``shed``. The wait and the deadline's cut end on
+    two timers; on asyncio, when the wait's ran first (or both in one tick of a busy
+    loop), the refusal was counted as shed and its 503 dropped for the 504: ``shed``
+    counted requests nobody refused (10 of 12; never on trio)."""
     import time
 
     from resilience.asgi import TimeoutMiddleware
@@ -1000,8 +1008,8 @@ async def test_requests_whose_deadline_ends_their_wait_are_timeouts_not_shed() -
         await anyio.sleep(2)
         await ok_app(scope, receive, send)
 
-    limited = ConcurrencyLimitMiddleware(slow, bulkhead=Bulkhead(1, max_wait=5))
-    stack = TimeoutMiddleware(limited, seconds=0.3)
+    limited = ConcurrencyLimitMiddleware(slow, bulkhead=Bulkhead(1, max_wait=max_wait))
+    stack = TimeoutMiddleware(limited, seconds=seconds)
     statuses: list[int] = []
 
     async def request() -> None:
@@ -1024,7 +1032,8 @@ async def test_requests_whose_deadline_ends_their_wait_are_timeouts_not_shed() -
         async with anyio.create_task_group() as tg:
             for _ in range(12):
                 tg.start_soon(request)
-            await anyio.sleep(0.2)
-            time.sleep(0.2)  # the loop is busy across the deadline: both timers are due
+            if busy:
+                await anyio.sleep(0.2)
+                time.sleep(0.2)  # the loop is busy across the deadline: both timers are due
     assert statuses == [504] * 12
     assert limited.shed == 0
