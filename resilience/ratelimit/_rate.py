@@ -112,6 +112,12 @@ class Rate:
             if unit is None and name.endswith("s"):
                 unit = _UNITS.get(name[:-1])  # plural: "seconds", "mins"
         if match is None or unit is None:
+            if ";" in text or "," in text:
+                # limits' and slowapi's "10/second;1000/day" names several limits
+                raise ConfigurationError(
+                    f"a rate is one limit, got {text!r}: make one RateLimiter per rate and "
+                    "chain them, the shorter period first: rs.Pipeline(per_second, per_day)"
+                )
             raise ConfigurationError(
                 f"cannot parse rate {text!r}: expected e.g. '100/s', '5 per minute', '10/5s'"
             )

@@ -38,6 +38,15 @@ def test_parse_errors(text: str) -> None:
         rs.Rate.parse(text)
 
 
+@pytest.mark.parametrize("text", ["10/second;1000/day", "5/minute, 100/day"])
+def test_several_limits_in_one_text_are_refused_with_the_way_to_chain_them(text: str) -> None:
+    """limits' and slowapi's "a;b" lists are several limiters here: the error says so
+    and names the Pipeline that chains them, rather than "cannot parse"."""
+    with pytest.raises(rs.ConfigurationError, match="one RateLimiter per rate") as info:
+        rs.RateLimiter(text)
+    assert "rs.Pipeline(per_second, per_day)" in str(info.value)
+
+
 def test_rate_value_semantics() -> None:
     """Rates compare by value (60/min == 1/s), are immutable and know their per-second rate."""
     assert rs.Rate.parse("60/min") == rs.Rate(1, 1)
