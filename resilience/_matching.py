@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import inspect
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 from .errors import ConfigurationError
@@ -13,13 +14,13 @@ __all__ = ["ExceptionFilter", "ExceptionMatcher", "exception_filter"]
 
 #: What ``on=`` accepts: an exception type, a tuple (list, set) of them, or a predicate
 #: (called with :class:`Exception` instances only: cancellation and ``KeyboardInterrupt``
-#: are never retried, caught or recorded).
+#: are never retried, caught or recorded). The collections are the read-only, covariant
+#: ABCs, so a ``TRANSIENT = [ConnectionError, TimeoutError]`` (a ``list[type[OSError]]``
+#: to a type checker) is accepted like the literal.
 ExceptionFilter = (
     type[BaseException]
-    | tuple[type[BaseException], ...]
-    | list[type[BaseException]]
-    | set[type[BaseException]]
-    | frozenset[type[BaseException]]
+    | Sequence[type[BaseException]]
+    | AbstractSet[type[BaseException]]
     | Callable[[Exception], bool]
 )
 
@@ -70,7 +71,7 @@ def exception_filter(
             f"{name} must be exception types or a predicate, got the class {on!r}, "
             "which is not an exception"
         )
-    if isinstance(on, tuple | list | set | frozenset):
+    if isinstance(on, Sequence | AbstractSet) and not isinstance(on, str | bytes | bytearray):
         if not on:
             raise ConfigurationError(f"{name} must name at least one exception type, got {on!r}")
         for item in on:

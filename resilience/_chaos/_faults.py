@@ -115,7 +115,7 @@ class Faults(PolicyBase):
         *faults: Fault,
         latency: float | Callable[..., float] | None = None,
         latency_rate: float | None = None,
-        error: Any = None,
+        error: type[BaseException] | BaseException | Callable[[], BaseException] | None = None,
         error_rate: float | None = None,
         result: Any = _MISSING,
         result_rate: float | None = None,

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import zlib
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 from ..chaos import Fault, Faults
 from ._fault_proxy import FaultProxy
@@ -12,6 +13,22 @@ if TYPE_CHECKING:
     from ..chaos import FaultyTransport
 
 __all__ = ["FaultProxyFactory", "FaultsFixture", "seed_for"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _arguments_of(
+    target: Callable[[], Callable[P, R]],
+) -> Callable[[Callable[..., R]], Callable[Concatenate[Any, P], R]]:
+    """Type a method that passes its arguments on as taking ``target()``'s: a type
+    checker then catches a misspelt keyword at the call, not when the test runs.
+    ``target`` is never called (it names a class that is imported lazily)."""
+
+    def typed(method: Callable[..., R]) -> Callable[Concatenate[Any, P], R]:
+        return method
+
+    return typed
 
 
 def seed_for(nodeid: str, option: str | None) -> int:
@@ -66,6 +83,7 @@ class FaultsFixture:
         self._built += 1
         return seed
 
+    @_arguments_of(lambda: Faults)
     def __call__(self, *faults: Fault, **kwargs: Any) -> Faults:
         """A :class:`resilience.Faults` seeded from the test's seed."""
         kwargs.setdefault("seed", self._next_seed())
@@ -73,6 +91,7 @@ class FaultsFixture:
         self.built.append(injector)
         return injector
 
+    @_arguments_of(lambda: FaultyTransport)
     def transport(self, inner: Any = None, **kwargs: Any) -> FaultyTransport:
         """A :class:`resilience.chaos.FaultyTransport` seeded from the test's seed."""
         from ..chaos import FaultyTransport

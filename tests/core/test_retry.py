@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import gc
 import itertools
@@ -516,10 +517,18 @@ def test_on_base_exception_group_retries_exception_groups() -> None:
 
 @pytest.mark.parametrize(
     "on",
-    [[OSError, KeyError], {KeyError}, lambda exc, strict=False: True, lambda *args: True],
+    [
+        [OSError, KeyError],
+        {KeyError},
+        collections.deque([KeyError]),
+        {KeyError: "why"}.keys(),
+        lambda exc, strict=False: True,
+        lambda *args: True,
+    ],
 )
 def test_on_accepts_a_list_of_types_and_any_one_argument_predicate(on: Any) -> None:
-    """``on=[A, B]`` means ``(A, B)``; predicates with defaults or ``*args`` are fine."""
+    """``on=[A, B]`` means ``(A, B)``: any sequence or set of types, as its type says
+    (``Sequence``, ``Set``); predicates with defaults or ``*args`` are fine."""
     failures = [KeyError("once")]
 
     def flaky() -> str:
@@ -528,6 +537,13 @@ def test_on_accepts_a_list_of_types_and_any_one_argument_predicate(on: Any) -> N
         return "ok"
 
     assert rs.Retry(on=on, backoff=rs.backoff.constant(0))(flaky)() == "ok"
+
+
+@pytest.mark.parametrize("on", ["KeyError", b"KeyError"])
+def test_on_refuses_text_though_it_is_a_sequence(on: Any) -> None:
+    """A string names no exception type: refused at construction, not read as letters."""
+    with pytest.raises(rs.ConfigurationError, match="exception type"):
+        rs.Retry(on=on)
 
 
 def test_a_clock_of_none_is_the_system_clock() -> None:
