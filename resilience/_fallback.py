@@ -11,7 +11,7 @@ from typing import Any, Generic, ParamSpec, TypeVar, overload
 from ._clock import Clock
 from ._events import FallbackUsed
 from ._matching import ExceptionFilter, ExceptionMatcher
-from ._policy import PolicyBase, decorate, is_async_callable, refuse_async
+from ._policy import PolicyBase, decorate, is_async_callable, refuse_async, refuse_generator_async
 from ._timeout import Timeout
 from ._validate import check_clock
 from .errors import Rejected
@@ -176,6 +176,7 @@ class Fallback(PolicyBase, Generic[R]):
         self, fn: Callable[P, Awaitable[T]], /, *args: P.args, **kwargs: P.kwargs
     ) -> T | R:
         """Run ``await fn(*args, **kwargs)``; on a matching error return the fallback."""
+        refuse_generator_async(fn)
         try:
             return await fn(*args, **kwargs)
         except Exception as exc:

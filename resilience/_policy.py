@@ -45,7 +45,10 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 _CO_COROUTINE = inspect.CO_COROUTINE
-_CO_REFUSED = _CO_COROUTINE | inspect.CO_GENERATOR | inspect.CO_ASYNC_GENERATOR
+#: The code flags of generator and async generator functions (a hot ``call_async`` may
+#: test them inline before calling :func:`refuse_generator_async`).
+GENERATOR_FLAGS = inspect.CO_GENERATOR | inspect.CO_ASYNC_GENERATOR
+_CO_REFUSED = _CO_COROUTINE | GENERATOR_FLAGS
 
 
 @runtime_checkable
@@ -162,6 +165,30 @@ def refuse_async(policy: object, fn: object) -> None:
         f"{fn!r} is an async function: use `await policy.call_async(fn, ...)` "
         f"(or decorate it) to run it under {policy!r}"
     )
+
+
+def refuse_generator_async(fn: object) -> None:
+    """``call_async``'s guard: refuse a generator or async generator function with
+    ``TypeError`` before the policy spends a token, a slot or an attempt on it (see
+    :func:`refuse_generator`). A plain ``def`` is not refused: it may return an
+    awaitable (``call_async(lambda: fetch(url))``), which only calling it tells.
+    Functions and bound methods are judged inline on their code flags."""
+    kind = type(fn)
+    if kind is _AsyncLayer:  # a pipeline's own layer: checked when the chain was built
+        return
+    if kind is MethodType:
+        fn = fn.__func__  # type: ignore[attr-defined]
+        kind = type(fn)
+    if kind is FunctionType:
+        if fn.__code__.co_flags & GENERATOR_FLAGS:  # type: ignore[attr-defined]
+            refuse_generator(fn)
+        return
+    try:
+        generator = is_generator_function(fn)
+    except Exception:  # a proxy whose attributes misbehave: not ours to judge
+        return
+    if generator:
+        refuse_generator(fn)
 
 
 @overload
@@ -424,6 +451,7 @@ class Pipeline(PolicyBase):
         self, fn: Callable[P, Awaitable[T]], /, *args: P.args, **kwargs: P.kwargs
     ) -> T:
         """Run ``await fn(*args, **kwargs)`` through every policy, outermost first."""
+        refuse_generator_async(fn)
         return await self._chain(fn, is_async=True)(*args, **kwargs)  # type: ignore[no-any-return]
 
     def _wrap(self, fn: Callable[..., Any], is_async: bool) -> Callable[..., Any] | None:
@@ -478,7 +506,7 @@ def _layer(policy: Policy, fn: Callable[..., Any], is_async: bool) -> Callable[.
     if special is not None:
         return special  # type: ignore[no-any-return]
     if is_async:
-        return functools.partial(policy.call_async, fn)
+        return _AsyncLayer(policy.call_async, fn)
     return _Layer(policy.call, fn)
 
 
@@ -486,6 +514,13 @@ class _Layer(functools.partial[Any]):
     """A pipeline layer: a policy's sync ``call`` bound to what it runs (a sync
     callable, checked when the chain was built), which ``refuse_async`` need not
     inspect on every call."""
+
+    __slots__ = ()
+
+
+class _AsyncLayer(functools.partial[Any]):
+    """A pipeline layer of ``call_async``: what it runs was checked when the chain was
+    built, so ``refuse_generator_async`` need not inspect it on every call."""
 
     __slots__ = ()
 

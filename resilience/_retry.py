@@ -12,7 +12,7 @@ from ._budget import RetryBudget
 from ._clock import Clock
 from ._events import RetriesExhausted, RetryBudgetExhausted, RetryScheduled
 from ._matching import ExceptionFilter, ExceptionMatcher
-from ._policy import PolicyBase, refuse_async
+from ._policy import PolicyBase, refuse_async, refuse_generator_async
 from ._validate import (
     check_backoff,
     check_bool,
@@ -297,6 +297,7 @@ class Retry(PolicyBase):
         self, fn: Callable[P, Awaitable[T]], /, *args: P.args, **kwargs: P.kwargs
     ) -> T:
         """Run ``await fn(*args, **kwargs)``, retrying as configured."""
+        refuse_generator_async(fn)
         if self.budget is not None:
             self.budget.deposit()
         if self.deadline is None:

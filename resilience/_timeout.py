@@ -20,7 +20,7 @@ from . import (
 from ._clock import SYSTEM_CLOCK, Clock
 from ._deadline import _DEADLINE, Deadline
 from ._events import TimedOut
-from ._policy import PolicyBase, refuse_async
+from ._policy import PolicyBase, refuse_async, refuse_generator_async
 from .errors import ResilienceError
 
 __all__ = ["Timeout", "TimeoutStatistics"]
@@ -275,8 +275,17 @@ class Timeout(PolicyBase, ResilienceError, TimeoutError):
         ends = entered.at if same else clock.monotonic() + seconds
         try:
             result = fn(*args, **kwargs)
-        finally:
+        except Exception as exc:
             _deadline.pop(token)
+            if clock.monotonic() >= ends or (not same and entered.remaining() <= 0):
+                # Failed at or past the limit: async code would have been cut there,
+                # so the outcome is the timeout, whatever the call ended with.
+                raise self._error(seconds) from exc
+            raise
+        except BaseException:
+            _deadline.pop(token)
+            raise
+        _deadline.pop(token)
         if clock.monotonic() >= ends or (not same and entered.remaining() <= 0):
             raise self._error(seconds)  # at the limit: cut, as async is
         return result
@@ -303,11 +312,12 @@ class Timeout(PolicyBase, ResilienceError, TimeoutError):
         entered, token, seconds, ends, own = state
         _ENTERED.reset(own)
         _deadline.pop(token)
-        if exc_type is None and (
+        if (exc_type is None or isinstance(exc, Exception)) and (
             self._clock.monotonic() >= ends
             or (entered.clock is not self._clock and entered.remaining() <= 0)
         ):
-            raise self._error(seconds)
+            # At or past the limit, returned or failed: the timeout (see call()).
+            raise self._error(seconds) from exc
 
     # -- async ------------------------------------------------------------------------
 
@@ -315,6 +325,7 @@ class Timeout(PolicyBase, ResilienceError, TimeoutError):
         self, fn: Callable[P, Awaitable[T]], /, *args: P.args, **kwargs: P.kwargs
     ) -> T:
         """Run ``await fn(*args, **kwargs)``, cancelling it at the limit."""
+        refuse_generator_async(fn)
         if not self._fake_timers:
             return await self._runner(fn)(*args, **kwargs)  # type: ignore[no-any-return]
         seconds = self._budget()

@@ -7,7 +7,7 @@ from typing import Any, ParamSpec, TypeVar
 
 from .._clock import Clock
 from .._deferred import armed
-from .._policy import PolicyBase, refuse_async
+from .._policy import PolicyBase, refuse_async, refuse_generator_async
 from .._validate import check_clock, check_int, check_key_function, check_number, check_probability
 from ..errors import ConfigurationError, InjectedFault
 from ._core import FaultCore, Plan, new_seed
@@ -237,6 +237,7 @@ class Faults(PolicyBase):
         self, fn: Callable[P, Awaitable[T]], /, *args: P.args, **kwargs: P.kwargs
     ) -> T:
         """Run ``await fn(*args, **kwargs)``, injecting faults when chaos is enabled."""
+        refuse_generator_async(fn)
         if not self._switch():
             return await fn(*args, **kwargs)
         plan = self._plan(args, kwargs)

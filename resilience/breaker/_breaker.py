@@ -17,7 +17,13 @@ from .._clock import SYSTEM_CLOCK, Clock
 from .._events import GLOBAL_LISTENERS, CallRejected
 from .._keyed import BoundedMap
 from .._matching import ExceptionFilter
-from .._policy import PolicyBase, is_async_callable, is_generator_function, refuse_async
+from .._policy import (
+    PolicyBase,
+    is_async_callable,
+    is_generator_function,
+    refuse_async,
+    refuse_generator_async,
+)
 from .._validate import check_clock, check_int, check_key_function, check_number
 from ..errors import CircuitOpen, ConfigurationError, Rejected
 from ._config import FAILURE, IGNORE, SUCCESS, BreakerConfig, Outcome
@@ -581,6 +587,7 @@ class CircuitBreaker(PolicyBase):
         self, fn: Callable[P, Awaitable[T]], /, *args: P.args, **kwargs: P.kwargs
     ) -> T:
         """Run ``await fn(*args, **kwargs)`` through the breaker (asyncio or trio)."""
+        refuse_generator_async(fn)
         core = self._core or self._core_for(args, kwargs)
         ticket = core.fast
         if ticket is None or not self._plain or self._listeners or GLOBAL_LISTENERS:

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, ParamSpec, TypeVar
 
-from .._policy import PolicyBase, refuse_async
+from .._policy import PolicyBase, refuse_async, refuse_generator_async
 from .._validate import check_bool
 from ..errors import CircuitOpen, ConfigurationError, Rejected
 from ._events import BreakerStateChanged, OutcomeRecorded
@@ -194,6 +194,7 @@ class PyBreakerPolicy(PolicyBase):
         self, fn: Callable[P, Awaitable[T]], /, *args: P.args, **kwargs: P.kwargs
     ) -> T:
         """Run ``await fn(*args, **kwargs)`` under the pybreaker (no tornado needed)."""
+        refuse_generator_async(fn)
         state, trial = self._before(fn, args, kwargs)
         try:
             result = await fn(*args, **kwargs)

@@ -14,14 +14,14 @@ import threading
 from collections.abc import Awaitable, Callable, Hashable
 from contextvars import ContextVar
 from dataclasses import dataclass
-from types import TracebackType
+from types import FunctionType, TracebackType
 from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar
 
 from .. import _deadline
 from .._blocks import pop_innermost
 from .._clock import SYSTEM_CLOCK, Clock
 from .._events import GLOBAL_LISTENERS, CallRejected
-from .._policy import PolicyBase, refuse_async
+from .._policy import GENERATOR_FLAGS, PolicyBase, refuse_async, refuse_generator_async
 from .._validate import (
     check_choice,
     check_clock,
@@ -397,6 +397,8 @@ class Bulkhead(PolicyBase):
 
         Example: ``data = await bulkhead.call_async(fetch, "https://example.com/a")``
         """
+        if fn.__class__ is not FunctionType or fn.__code__.co_flags & GENERATOR_FLAGS:
+            refuse_generator_async(fn)  # inline for a plain coroutine function: decorated
         key = None if self._key is None else self._key(*args, **kwargs)
         if self._remote is not None:
             priority = self._call_priority(args, kwargs)

@@ -17,7 +17,14 @@ from typing import TYPE_CHECKING, Any, Final, Literal, ParamSpec, TypeVar, cast
 from .._clock import Clock
 from .._deadline import clamp
 from .._events import GLOBAL_LISTENERS, CallRejected
-from .._policy import PolicyBase, decorate, is_async_callable, is_generator_function, refuse_async
+from .._policy import (
+    PolicyBase,
+    decorate,
+    is_async_callable,
+    is_generator_function,
+    refuse_async,
+    refuse_generator_async,
+)
 from .._validate import (
     check_choice,
     check_clock,
@@ -499,6 +506,7 @@ class RateLimiter(PolicyBase):
         self, fn: Callable[P, Awaitable[T]], /, *args: P.args, **kwargs: P.kwargs
     ) -> T:
         """Run ``await fn(*args, **kwargs)`` once a token for its key is available."""
+        refuse_generator_async(fn)
         admit_one = self._admit_one
         if admit_one is not None:
             wait = admit_one()

@@ -240,6 +240,65 @@ def test_sync_call_of_an_async_function_is_refused(make: Any) -> None:
         assert policy.statistics().in_flight == 0
 
 
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: rs.Retry(on=OSError),
+        lambda: rs.Timeout(1),
+        lambda: rs.CircuitBreaker(),
+        lambda: rs.RateLimiter("1/s"),
+        lambda: rs.Bulkhead(1),
+        lambda: rs.Fallback(None),
+        lambda: rs.Faults(latency=0.0, latency_rate=1.0, enabled=True),
+        lambda: rs.Pipeline(rs.RateLimiter("1/s"), rs.Timeout(1)),
+        lambda: rs.breaker.PyBreakerPolicy(pybreaker.CircuitBreaker()),
+    ],
+    ids=[
+        "retry",
+        "timeout",
+        "breaker",
+        "limiter",
+        "bulkhead",
+        "fallback",
+        "faults",
+        "pipeline",
+        "pybreaker",
+    ],
+)
+async def test_call_async_of_a_generator_function_is_refused_before_it_acts(make: Any) -> None:
+    """``await policy.call_async(agen)`` only creates the generator: refused with the
+    policy's TypeError, as ``call(gen)`` is, before the limiter spends its one token
+    (it was spent, then Python's "can't be used in 'await' expression" followed)."""
+    policy = make()
+
+    async def stream() -> Any:
+        yield 1
+
+    def items() -> Any:
+        yield 1
+
+    class Stream:
+        async def __call__(self) -> Any:
+            yield 1
+
+    for target in (stream, functools.partial(stream), Stream()):
+        with pytest.raises(TypeError, match="is an async generator function"):
+            await policy.call_async(target)
+    with pytest.raises(TypeError, match="is a generator function"):
+        await policy.call_async(items)
+
+    async def fetch() -> str:
+        return "ok"
+
+    assert await policy.call_async(fetch) == "ok"  # the one token: still there
+    statistics = policy.statistics() if hasattr(policy, "statistics") else None
+    if isinstance(policy, rs.CircuitBreaker):
+        assert statistics is not None and statistics.calls == 1
+    if isinstance(policy, rs.Bulkhead):
+        assert statistics is not None and statistics.in_flight == 0
+
+
 def test_a_policy_class_instead_of_a_policy_is_refused() -> None:
     """``rs.CircuitBreaker`` without parentheses has call and call_async (unbound), so
     it passed the pipeline's check and every call then failed with a TypeError."""

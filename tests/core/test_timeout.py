@@ -430,6 +430,69 @@ def test_sync_context_manager(fake_clock: FakeClock) -> None:
         fake_clock.advance(1.5)
 
 
+def test_a_sync_call_that_fails_past_its_limit_times_out_as_async_does(
+    fake_clock: FakeClock,
+) -> None:
+    """A sync call or block that raises at or after its limit gives rs.Timeout (its own
+    error as the cause), counted and reported: async code would have been cut at the
+    limit, so an outer Retry(on=rs.Timeout) or a breaker sees the same outcome."""
+    timeout = rs.Timeout(1.0, clock=fake_clock)
+    events: list[rs.Event] = []
+    timeout.add_listener(events.append)
+
+    def slow_then_reset() -> None:
+        fake_clock.advance(2)
+        raise ConnectionResetError("reset")
+
+    with pytest.raises(rs.Timeout) as caught:
+        timeout(slow_then_reset)()
+    assert isinstance(caught.value.__cause__, ConnectionResetError)
+    with pytest.raises(rs.Timeout) as caught, timeout:
+        slow_then_reset()
+    assert isinstance(caught.value.__cause__, ConnectionResetError)
+    assert timeout.statistics().timed_out == 2
+    assert events == [rs.TimedOut(policy="Timeout", seconds=1.0)] * 2
+
+    attempts = 0
+
+    def counted() -> None:
+        nonlocal attempts
+        attempts += 1
+        slow_then_reset()
+
+    retried = rs.Retry(on=rs.Timeout, attempts=2, backoff=[0], clock=fake_clock)
+    with pytest.raises(rs.Timeout):
+        retried(timeout(counted))()
+    assert attempts == 2
+
+
+def test_a_sync_failure_before_the_limit_and_an_interrupt_pass_through(
+    fake_clock: FakeClock,
+) -> None:
+    """Only the limit turns an error into a timeout: one raised in time is the call's
+    own, and KeyboardInterrupt (not an Exception) is never replaced."""
+    timeout = rs.Timeout(1.0, clock=fake_clock)
+
+    def fails_in_time() -> None:
+        fake_clock.advance(0.5)
+        raise ConnectionResetError
+
+    def interrupted_late() -> None:
+        fake_clock.advance(2)
+        raise KeyboardInterrupt
+
+    with pytest.raises(ConnectionResetError):
+        timeout(fails_in_time)()
+    with pytest.raises(ConnectionResetError), timeout:
+        fails_in_time()
+    with pytest.raises(KeyboardInterrupt):
+        timeout(interrupted_late)()
+    with pytest.raises(KeyboardInterrupt), timeout:
+        interrupted_late()
+    assert timeout.statistics().timed_out == 0
+    assert rs.current_deadline() is None  # every exit left the ambient deadline
+
+
 def test_retry_inside_timeout_stops_before_the_deadline(fake_clock: FakeClock) -> None:
     """Retry does not start a sleep that would overrun an enclosing Timeout."""
     calls = 0
