@@ -79,5 +79,6 @@ class SystemClock:
         return "SystemClock()"
 
 
-#: The process-wide system clock, the default of every policy's ``clock=``.
 SYSTEM_CLOCK: Clock = SystemClock()
+"""The process-wide system clock, the default of every policy's ``clock=``
+(``clock=None`` means it too). Example: ``rs.SYSTEM_CLOCK.monotonic()``."""

@@ -53,9 +53,11 @@ __all__ = ["MODES", "Failover", "FailureMode"]
 #: a local twin, admit everything, or refuse with ``BackendError``.
 #: Example: ``rs.RateLimiter("100/s", backend=redis, on_backend_error="local")``
 FailureMode = Literal["local", "open", "closed"]
+"""What a policy does while its shared backend fails (``on_backend_error=``): decide
+in process (``"local"``), admit (``"open"``) or refuse (``"closed"``)."""
 
-#: The accepted values of every policy's ``on_backend_error``.
 MODES: Final[tuple[FailureMode, ...]] = ("local", "open", "closed")
+"""The accepted values of every policy's ``on_backend_error``."""
 
 
 class Failover:

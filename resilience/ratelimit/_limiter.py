@@ -50,13 +50,14 @@ _ONE: Final = 1
 P = ParamSpec("P")
 T = TypeVar("T")
 
-#: The accepted values of ``algorithm=``.
 ALGORITHMS: Final[tuple[str, ...]] = (
     "token-bucket",
     "fixed-window",
     "moving-window",
     "sliding-window",
 )
+"""The accepted values of :class:`~resilience.RateLimiter`'s ``algorithm=``: the exact
+token bucket (GCRA, the default) and the ``limits`` library's three window algorithms."""
 
 _MAX_WAIT_LIMIT = 86_400.0 * 365
 
