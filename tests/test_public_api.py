@@ -58,6 +58,34 @@ def test_every_public_name_has_a_docstring_with_an_example(module_name: str, nam
     assert "Example" in doc or ">>>" in doc, f"{module_name}.{name}: docstring lacks an example"
 
 
+def test_the_api_reference_shows_every_public_name() -> None:
+    """docs/api.md renders each public name: by itself (``::: resilience.X``), or as a
+    member of a module it renders whole (``::: resilience.asgi``), or as the same
+    object under another public path (``rs.Bulkhead`` for ``resilience.bulkhead``'s)."""
+    import pathlib
+    import re
+
+    api = (pathlib.Path(__file__).parents[1] / "docs" / "api.md").read_text()
+    targets = re.findall(r"^::: (\S+)", api, re.MULTILINE)
+    whole = {t for t in targets if t in PUBLIC_MODULES}
+    shown: list[object] = []
+    for target in targets:
+        if target in whole:
+            module = importlib.import_module(target)
+            shown.extend(getattr(module, n) for n in getattr(module, "__all__", []))
+            continue
+        parent, _, attribute = target.rpartition(".")
+        shown.append(getattr(importlib.import_module(parent), attribute))
+    missing = [
+        f"{module_name}.{name}"
+        for module_name, name in public_names()
+        if module_name not in whole
+        and not inspect.ismodule(obj := getattr(importlib.import_module(module_name), name))
+        and not any(obj is other for other in shown)
+    ]
+    assert missing == []
+
+
 def test_all_is_sorted_and_resolvable() -> None:
     """The top-level __all__ is sorted and every name in it exists."""
     assert list(resilience.__all__) == sorted(resilience.__all__)
