@@ -9,6 +9,10 @@ from dataclasses import dataclass
 from ._clock import Clock
 from ._validate import check_clock, check_number
 
+#: Retries left reported by a budget whose allowance exceeds every count (or overflows
+#: to infinity): more than any process makes.
+_UNBOUNDED = 2**62
+
 __all__ = ["RetryBudget", "RetryBudgetStatistics"]
 
 
@@ -105,6 +109,8 @@ class RetryBudget:
         just under the whole number they mean (``0.29 * 100 == 28.999999999999996``),
         which would withhold a retry the formula grants."""
         allowance = self.ratio * calls + self.min_per_second * self.window
+        if allowance >= _UNBOUNDED:  # huge settings (1e308 per second): no limit
+            return _UNBOUNDED
         return max(math.floor(allowance * (1 + 1e-12) + 1e-12) - retries, 0)
 
     def try_withdraw(self) -> bool:

@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
 from typing import Any
 
+from ._validate import check_key_function
 from .errors import ConfigurationError
 
 __all__ = ["ExceptionFilter", "ExceptionMatcher", "exception_filter"]
@@ -83,6 +84,8 @@ def exception_filter(
                 raise _never_seen(name, item)
         return tuple(on), None
     if callable(on):
+        # An async predicate's coroutine is always truthy: every error would match.
+        check_key_function(name, on, gives="its answer")
         try:
             inspect.signature(on).bind(BaseException())
         except TypeError:

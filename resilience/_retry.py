@@ -16,10 +16,10 @@ from ._policy import PolicyBase, refuse_async, refuse_generator_async
 from ._validate import (
     check_backoff,
     check_bool,
-    check_callable,
     check_clock,
     check_int,
     check_number,
+    check_predicate,
 )
 from .errors import ConfigurationError, Rejected
 from .testing._no_wait import NO_WAIT
@@ -109,7 +109,7 @@ class Retry(PolicyBase):
     ) -> None:
         super().__init__(name=name)
         self._matches = ExceptionMatcher("on", on, exceptions_only=True)
-        self._on_result = check_callable("on_result", on_result)
+        self._on_result = check_predicate("on_result", on_result)
         self.attempts: int = check_int("attempts", attempts, minimum=1)
         self.deadline: float | None = check_number(
             "deadline", deadline, strict=True, allow_none=True

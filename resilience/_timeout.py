@@ -277,7 +277,10 @@ class Timeout(PolicyBase, ResilienceError, TimeoutError):
             result = fn(*args, **kwargs)
         except Exception as exc:
             _deadline.pop(token)
-            if clock.monotonic() >= ends or (not same and entered.remaining() <= 0):
+            # (An inner Timeout on the same deadline has already timed the call out.)
+            if not isinstance(exc, Timeout) and (
+                clock.monotonic() >= ends or (not same and entered.remaining() <= 0)
+            ):
                 # Failed at or past the limit: async code would have been cut there,
                 # so the outcome is the timeout, whatever the call ended with.
                 raise self._error(seconds) from exc
@@ -312,7 +315,7 @@ class Timeout(PolicyBase, ResilienceError, TimeoutError):
         entered, token, seconds, ends, own = state
         _ENTERED.reset(own)
         _deadline.pop(token)
-        if (exc_type is None or isinstance(exc, Exception)) and (
+        if (exc_type is None or (isinstance(exc, Exception) and not isinstance(exc, Timeout))) and (
             self._clock.monotonic() >= ends
             or (entered.clock is not self._clock and entered.remaining() <= 0)
         ):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 from collections.abc import Callable, Iterable, Sized
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -18,14 +19,26 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
+_FLOAT_MAX = int(sys.float_info.max)
+
 __all__ = [
     "check_backoff",
     "check_choice",
     "check_clock",
     "check_int",
     "check_number",
+    "check_predicate",
     "check_probability",
 ]
+
+
+def shown(value: Any) -> str:
+    """``repr(value)`` for an error message, shortened; an int too long to print
+    (Python refuses past 4,300 digits) as its order of magnitude."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 100:
+        return f"an integer of about 10**{int(abs(value).bit_length() * math.log10(2))}"
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def check_number(
@@ -41,12 +54,16 @@ def check_number(
     if value is None and allow_none:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigurationError(f"{name} must be a number, got {value!r}")
+        raise ConfigurationError(f"{name} must be a number, got {shown(value)}")
+    given = value
+    if isinstance(value, int) and not -_FLOAT_MAX <= value <= _FLOAT_MAX:
+        # an int beyond any float (10**400): infinite, where that is allowed
+        value = math.inf if value > 0 else -math.inf
     if math.isnan(value) or (math.isinf(value) and not allow_inf):
-        raise ConfigurationError(f"{name} must be a finite number, got {value!r}")
+        raise ConfigurationError(f"{name} must be a finite number, got {shown(given)}")
     if (strict and value <= minimum) or (not strict and value < minimum):
         op = ">" if strict else ">="
-        raise ConfigurationError(f"{name} must be {op} {minimum:g}, got {value!r}")
+        raise ConfigurationError(f"{name} must be {op} {minimum:g}, got {shown(given)}")
     return float(value)
 
 
@@ -57,17 +74,17 @@ def check_int(
     if value is None and allow_none:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigurationError(f"{name} must be an integer >= {minimum}, got {value!r}")
+        raise ConfigurationError(f"{name} must be an integer >= {minimum}, got {shown(value)}")
     if value < minimum or (maximum is not None and value > maximum):
         bound = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
-        raise ConfigurationError(f"{name} must be an integer {bound}, got {value!r}")
+        raise ConfigurationError(f"{name} must be an integer {bound}, got {shown(value)}")
     return value
 
 
 def check_probability(name: str, value: Any) -> float:
     """Return ``value`` as a float if it is within ``[0, 1]``."""
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
-        raise ConfigurationError(f"{name} must be a number in [0, 1], got {value!r}")
+        raise ConfigurationError(f"{name} must be a number in [0, 1], got {shown(value)}")
     return float(value)
 
 
@@ -111,6 +128,38 @@ def check_key_function(
                 f"{name} must be a plain function returning {gives}, got {fn!r}: an async "
                 f"or generator function gives a new object per call, not {gives}"
             )
+    return fn
+
+
+def check_predicate(
+    name: str,
+    value: Any,
+    *,
+    arguments: int = 1,
+    allow_none: bool = True,
+    gives: str = "its answer",
+) -> Callable[..., Any] | None:
+    """Return ``value`` if it is a plain (synchronous) callable that takes ``arguments``
+    positional arguments (or ``None`` when allowed).
+
+    A predicate's answer is read at once: an ``async def`` one returns a coroutine,
+    always truthy, so its answer would be ignored (every request exempt, every error
+    retried); a wrong arity would only fail at the first call.
+    """
+    fn = check_key_function(name, value, allow_none=allow_none, gives=gives)
+    if fn is not None:
+        import inspect
+
+        try:
+            signature = inspect.signature(fn)
+        except Exception:  # no signature to read (builtins, proxies): trust it
+            return fn
+        try:
+            signature.bind(*(None,) * arguments)
+        except TypeError:
+            takes = "no argument" if arguments == 0 else f"{arguments} positional argument"
+            plural = "s" if arguments > 1 else ""
+            raise ConfigurationError(f"{name} must take {takes}{plural}, got {fn!r}") from None
     return fn
 
 

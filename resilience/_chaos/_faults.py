@@ -175,7 +175,7 @@ class Faults(PolicyBase):
             epoch=self._clock.monotonic(),
             key=key,
             schedule=normalize_schedule("schedule", schedule),
-            when=when,
+            when=check_key_function("when", when, gives="its answer"),
         )
 
     # -- the shells: the same plan, carried out with and without await ------------------

@@ -15,7 +15,14 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from .._validate import check_choice, check_int, check_number, check_probability
+from .._validate import (
+    check_choice,
+    check_int,
+    check_key_function,
+    check_number,
+    check_predicate,
+    check_probability,
+)
 from ..errors import ConfigurationError, InjectedFault, _restored
 
 __all__ = [
@@ -63,7 +70,8 @@ class Window:
 
     def __post_init__(self) -> None:
         check_number("Window start", self.start)
-        if not (isinstance(self.end, int | float) and self.end > self.start):
+        end = self.end
+        if isinstance(end, bool) or not (isinstance(end, int | float) and end > self.start):
             raise ConfigurationError(
                 f"Window end must be a number > start ({self.start!r}), got {self.end!r}"
             )
@@ -230,8 +238,9 @@ class Fault:
     def __post_init__(self) -> None:
         object.__setattr__(self, "rate", check_probability("rate", self.rate))
         object.__setattr__(self, "schedule", normalize_schedule("schedule", self.schedule))
-        if self.when is not None and not callable(self.when):
-            raise ConfigurationError(f"when must be callable, got {self.when!r}")
+        # Its arguments depend on the injector (its key, or the call's): only its kind
+        # is checked here.
+        check_key_function("when", self.when, gives="its answer")
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,7 +265,9 @@ class Latency(Fault):
 
     def __post_init__(self) -> None:
         Fault.__post_init__(self)
-        if not callable(self.seconds):
+        if callable(self.seconds):  # a distribution: called with the fault's RNG
+            check_predicate("Latency seconds", self.seconds, gives="a delay")
+        else:
             object.__setattr__(
                 self, "seconds", check_number("Latency seconds", self.seconds, allow_inf=False)
             )
@@ -322,6 +333,8 @@ class Error(Fault):
             raise ConfigurationError(
                 f"exception must be an exception type, instance or factory, got {exc!r}"
             )
+        else:
+            check_predicate("exception", exc, arguments=0, gives="an exception")
 
     def build(self) -> BaseException:
         """A fresh exception to raise."""

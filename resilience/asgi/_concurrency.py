@@ -19,9 +19,9 @@ from .._validate import (
     check_clock,
     check_header_name,
     check_int,
-    check_key_function,
     check_name,
     check_number,
+    check_predicate,
 )
 from ..bulkhead._bulkhead import Bulkhead, _check_priority
 from ..bulkhead._permit import Permit
@@ -229,7 +229,7 @@ class _Plan:
         self.policy = str(getattr(bulkhead, "name", "Bulkhead"))
         self.key = None if key is None else _as_key(key).func
         if callable(priority):
-            self.priority_fn: Callable[[Scope], int] | None = check_key_function(
+            self.priority_fn: Callable[[Scope], int] | None = check_predicate(
                 "priority", priority, gives="the priority"
             )
             self.priority: int | None = None
@@ -323,7 +323,7 @@ class ConcurrencyLimitMiddleware(Observed):
         self._hash = check_bool("hash_keys", hash_keys)
         self.retry_after: float = check_number("retry_after", retry_after)
         self._exempt_path = path_predicate(exempt)
-        self._exempt_when = check_callable("exempt_when", exempt_when)
+        self._exempt_when = check_predicate("exempt_when", exempt_when)
         # One queue per bulkhead, whichever rules share it.
         queues: dict[int, tuple[Any, _Queue]] = {}
 

@@ -22,7 +22,7 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 from .._validate import TOKEN as _TOKEN
-from .._validate import check_header_name, check_key_function
+from .._validate import check_header_name, check_predicate
 from ..errors import ConfigurationError
 from ._types import Scope
 
@@ -90,7 +90,7 @@ def _as_key(func: KeyFunction) -> Key:
         return func
     if not callable(func):
         raise ConfigurationError(f"key must be a key function (scope -> str | None), got {func!r}")
-    check_key_function("key", func)  # a coroutine per request would be no key at all
+    check_predicate("key", func, gives="the key")  # a coroutine per request: no key at all
     try:
         name = str(getattr(func, "__name__", None) or repr(func))
     except Exception:  # a proxy whose attributes misbehave
@@ -318,7 +318,13 @@ def client_ip(
         )
     if not isinstance(header, str):
         raise ConfigurationError(f"header must be 'x-forwarded-for' or 'forwarded', got {header!r}")
-    proxies = [str(p) for p in trusted_proxies]
+    try:
+        proxies = [str(p) for p in trusted_proxies]
+    except TypeError:
+        raise ConfigurationError(
+            "trusted_proxies must be a list of addresses or networks, "
+            f"e.g. ['10.0.0.0/8'], got {trusted_proxies!r}"
+        ) from None
     trust_unix = "unix" in proxies
     try:
         networks = tuple(ip_network(p, strict=False) for p in proxies if p != "unix")

@@ -12,8 +12,8 @@ from .._validate import (
     check_callable,
     check_choice,
     check_int,
-    check_key_function,
     check_name,
+    check_predicate,
 )
 from ..backends._memory import MemoryBuckets
 from ..errors import BackendError, ConfigurationError
@@ -119,7 +119,7 @@ class _Plan:
         self.key: KeyFunction = as_key.func if fused is None else fused
         self.rehash = hash_keys and fused is None
         if callable(cost):
-            self.cost_fn: Callable[[Scope], int] | None = check_key_function(
+            self.cost_fn: Callable[[Scope], int] | None = check_predicate(
                 "cost", cost, gives="the cost"
             )
             self.cost = 1
@@ -246,7 +246,7 @@ class RateLimitMiddleware(Observed):
         headers = check_choice("headers", "none" if headers is None else headers, HEADER_MODES)
         default_key: KeyFunction = client_ip() if key is None else key
         self._exempt_path = path_predicate(exempt)
-        self._exempt_when = check_callable("exempt_when", exempt_when)
+        self._exempt_when = check_predicate("exempt_when", exempt_when)
         matcher = Matcher(rules, allowed=_ALLOWED, owner="RateLimitMiddleware")
         if limiter is None and not matcher.rules:
             raise ConfigurationError(

@@ -45,6 +45,15 @@ SCOPE_TYPES: Final = frozenset({"http", "websocket"})
 """The ASGI scope types a rule can name."""
 
 
+def _items(value: Any) -> tuple[Any, ...]:
+    """``value``'s items as a tuple; ``()`` (refused by the caller) if it holds none or
+    is no collection at all (``methods=True``)."""
+    try:
+        return tuple(value)
+    except TypeError:
+        return ()
+
+
 def method_names(methods: Iterable[str]) -> frozenset[str]:
     """HTTP method names as requests carry them: ``"post "`` and ``"POST"`` are one.
 
@@ -240,14 +249,14 @@ class Rule:
         compile_pattern(self.path)  # refuses an empty or malformed pattern now
         if self.methods is not None:
             # A lone string is one method: methods="POST" must not mean {"P", "O", "S", "T"}.
-            methods = (self.methods,) if isinstance(self.methods, str) else tuple(self.methods)
+            methods = (self.methods,) if isinstance(self.methods, str) else _items(self.methods)
             if not methods or not all(isinstance(m, str) and m.strip() for m in methods):
                 raise ConfigurationError(
                     f"Rule methods must be HTTP method names, got {self.methods!r}"
                 )
             object.__setattr__(self, "methods", methods)
-        scopes = (self.scopes,) if isinstance(self.scopes, str) else tuple(self.scopes)
-        unknown = [kind for kind in scopes if kind not in SCOPE_TYPES]
+        scopes = (self.scopes,) if isinstance(self.scopes, str) else _items(self.scopes)
+        unknown = [kind for kind in scopes if not isinstance(kind, str) or kind not in SCOPE_TYPES]
         if not scopes or unknown:
             raise ConfigurationError(
                 f"Rule scopes must name ASGI scope types among {sorted(SCOPE_TYPES)}, "

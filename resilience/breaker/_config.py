@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from .._matching import ExceptionMatcher, awaited_a_sync_call
-from .._validate import check_callable, check_choice, check_int, check_number, check_probability
+from .._validate import (
+    check_choice,
+    check_int,
+    check_number,
+    check_predicate,
+    check_probability,
+)
 from ..errors import ConfigurationError, Rejected
 
 __all__ = ["FAILURE", "IGNORE", "SUCCESS", "BreakerConfig", "Outcome"]
@@ -20,8 +27,10 @@ IGNORE: Outcome = "ignored"
 
 
 def _filter(name: str, value: Any) -> ExceptionMatcher | None:
-    if value is None or (isinstance(value, tuple | list | set | frozenset) and not value):
-        return None  # "nothing": (), [] and set() alike
+    if value is None or (
+        isinstance(value, Sequence | AbstractSet) and not isinstance(value, str) and not value
+    ):
+        return None  # "nothing": (), [] and set() alike, any empty collection
     return ExceptionMatcher(name, value)
 
 
@@ -122,7 +131,7 @@ class BreakerConfig:
         max_half_open_wait = check_number(
             "max_half_open_wait", max_half_open_wait, minimum=0.0, strict=True, allow_none=True
         )
-        check_callable("record_result", record_result)
+        check_predicate("record_result", record_result)
         if not isinstance(record_rejected, bool):
             raise ConfigurationError(f"record_rejected must be a bool, got {record_rejected!r}")
         return cls(

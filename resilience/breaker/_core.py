@@ -231,8 +231,8 @@ class BreakerCore:
     def _new_window(self, now: float) -> Window:
         config = self.config
         if config.window_type == "count":
-            return CountWindow(int(config.window), slow_after=config.slow_after)
-        return TimeWindow(config.window, config.buckets, now=now, slow_after=config.slow_after)
+            return CountWindow._unchecked(int(config.window), config.slow_after)
+        return TimeWindow._unchecked(config.window, config.buckets, now, config.slow_after)
 
     def _move(
         self,

@@ -18,6 +18,8 @@ import itertools
 import math
 from collections import deque
 
+from .._validate import check_int, check_number
+
 __all__ = ["AtomicCounter", "CountWindow", "TimeWindow", "Window"]
 
 
@@ -73,6 +75,19 @@ class CountWindow:
     )
 
     def __init__(self, size: int, *, slow_after: float = math.inf) -> None:
+        check_int("size", size, minimum=1)
+        check_number("slow_after", slow_after, allow_inf=True)
+        self._setup(size, slow_after)
+
+    @classmethod
+    def _unchecked(cls, size: int, slow_after: float) -> CountWindow:
+        """A window of arguments a :class:`BreakerConfig` has already checked (a breaker
+        makes one per key and per closing: no second validation on that path)."""
+        window = cls.__new__(cls)
+        window._setup(size, slow_after)
+        return window
+
+    def _setup(self, size: int, slow_after: float) -> None:
         self.size = size
         #: Calls slower than this (seconds) are slow calls.
         self.slow_after = slow_after
@@ -166,6 +181,21 @@ class TimeWindow:
     def __init__(
         self, seconds: float, buckets: int, *, now: float, slow_after: float = math.inf
     ) -> None:
+        check_number("seconds", seconds, strict=True)
+        check_int("buckets", buckets, minimum=1, maximum=1_000_000)
+        check_number("now", now, minimum=-math.inf)
+        check_number("slow_after", slow_after, allow_inf=True)
+        self._setup(seconds, buckets, now, slow_after)
+
+    @classmethod
+    def _unchecked(cls, seconds: float, buckets: int, now: float, slow_after: float) -> TimeWindow:
+        """A window of arguments a :class:`BreakerConfig` has already checked (see
+        :meth:`CountWindow._unchecked`)."""
+        window = cls.__new__(cls)
+        window._setup(seconds, buckets, now, slow_after)
+        return window
+
+    def _setup(self, seconds: float, buckets: int, now: float, slow_after: float) -> None:
         self.seconds = seconds
         self.buckets = buckets
         self.width = seconds / buckets

@@ -198,7 +198,9 @@ class Bulkhead(PolicyBase):
             "local_limit", local_limit, minimum=1, maximum=self.max_concurrent, allow_none=True
         )
         if priority is None or callable(priority):
-            self._priority: Callable[..., int] | None = priority
+            self._priority: Callable[..., int] | None = check_key_function(
+                "priority", priority, gives="the priority"
+            )
             self._default_priority = DEFAULT_PRIORITY
         else:
             self._priority = None
@@ -397,7 +399,7 @@ class Bulkhead(PolicyBase):
 
         Example: ``data = await bulkhead.call_async(fetch, "https://example.com/a")``
         """
-        if fn.__class__ is not FunctionType or fn.__code__.co_flags & GENERATOR_FLAGS:
+        if type(fn) is not FunctionType or fn.__code__.co_flags & GENERATOR_FLAGS:
             refuse_generator_async(fn)  # inline for a plain coroutine function: decorated
         key = None if self._key is None else self._key(*args, **kwargs)
         if self._remote is not None:

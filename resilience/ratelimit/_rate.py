@@ -6,6 +6,7 @@ import math
 import re
 from typing import Final
 
+from .._validate import shown
 from ..errors import ConfigurationError
 
 __all__ = ["Rate", "as_rate"]
@@ -30,6 +31,10 @@ _UNITS: Final[dict[str, float]] = {
     "month": 30 * 86400.0,
     "year": 365 * 86400.0,
 }
+
+#: The longest period a rate may have (about 31,700 years): beyond it, its microseconds
+#: overflow the arithmetic of a bucket.
+_MAX_PERIOD: Final = 1e12
 
 _PATTERN: Final = re.compile(
     r"""^\s*(?P<amount>\d+)\s*(?:/|\bper\b)\s*
@@ -65,10 +70,14 @@ class Rate:
         if (
             isinstance(period, bool)
             or not isinstance(period, int | float)
-            or not math.isfinite(period)
             or period <= 0
+            or period > _MAX_PERIOD
+            or not math.isfinite(period)
         ):
-            raise ConfigurationError(f"rate period must be a number of seconds > 0, got {period!r}")
+            raise ConfigurationError(
+                f"rate period must be a number of seconds in (0, {_MAX_PERIOD:g}], "
+                f"got {shown(period)}"
+            )
         period_us = round(period * 1_000_000)
         if period_us < 1:
             raise ConfigurationError(f"rate period must be at least 1 µs, got {period!r}")
@@ -112,7 +121,7 @@ class Rate:
             if unit is None and name.endswith("s"):
                 unit = _UNITS.get(name[:-1])  # plural: "seconds", "mins"
         if match is None or unit is None:
-            if ";" in text or "," in text:
+            if _several_rates(text):
                 # limits' and slowapi's "10/second;1000/day" names several limits
                 raise ConfigurationError(
                     f"a rate is one limit, got {text!r}: make one RateLimiter per rate and "
@@ -150,6 +159,13 @@ class Rate:
 
     def __reduce__(self) -> tuple[object, ...]:
         return (Rate, (self.amount, self.period))
+
+
+def _several_rates(text: str) -> bool:
+    """Whether ``text`` lists several rates (``"10/s;1000/day"``, ``"5/min, 100/day"``),
+    rather than being one rate that does not parse (``"1,000/day"``)."""
+    parts = re.split(r"[;,]", text)
+    return len(parts) > 1 and all(_PATTERN.match(part) for part in parts)
 
 
 def as_rate(value: Rate | str, name: str = "rate") -> Rate:

@@ -72,8 +72,10 @@ class FaultsFixture:
     """
 
     def __init__(self, seed: int) -> None:
+        from .._validate import check_int
+
         #: The test's chaos seed (``--chaos-seed`` replays it).
-        self.seed = seed
+        self.seed: int = check_int("seed", seed, minimum=-(2**63))
         self._built = 0
         #: Every injector built by this fixture, in order.
         self.built: list[Any] = []

@@ -11,6 +11,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from .._validate import check_int
@@ -106,7 +107,11 @@ class RedisServer:
         if port is not None:
             check_int("port", port, minimum=1, maximum=65535)
         args: object = extra_args  # typed as a tuple; callers pass what they pass
-        if isinstance(args, str) or not all(isinstance(a, str) for a in extra_args):
+        if (
+            isinstance(args, str)
+            or not isinstance(args, Iterable)
+            or not all(isinstance(a, str) for a in extra_args)
+        ):
             raise ConfigurationError(
                 f"extra_args must be a sequence of strings such as ('--maxmemory', '1mb'), "
                 f"got {extra_args!r}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import gc
 import pickle
 from typing import Any
@@ -989,9 +990,14 @@ def test_a_predicate_that_raises_on_a_probe_frees_the_probe_slot(
     assert breaker.state is CircuitState.CLOSED
 
 
-@pytest.mark.parametrize("nothing", [(), [], set()], ids=["tuple", "list", "set"])
+@pytest.mark.parametrize(
+    "nothing",
+    [(), [], set(), collections.deque(), {}.keys()],
+    ids=["tuple", "list", "set", "deque", "keys"],
+)
 def test_an_empty_exclude_excludes_nothing(fake_clock: FakeClock, nothing: Any) -> None:
-    """``exclude=[]`` means what the default ``exclude=()`` means (it was refused)."""
+    """``exclude=[]`` means what the default ``exclude=()`` means (it was refused), for
+    any empty collection the type accepts (``Sequence``, ``Set``)."""
     breaker = rs.CircuitBreaker(
         consecutive_failures=1, failure_rate=None, exclude=nothing, clock=fake_clock
     )

@@ -7,6 +7,7 @@ import math
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import anyio
 import pytest
@@ -809,3 +810,22 @@ def test_a_wait_of_centuries_is_a_wait_for_a_slot() -> None:
     holder.release()
     waiter.join(5)
     assert results == ["ran"]
+
+
+@pytest.mark.anyio
+async def test_call_async_runs_a_mock_specced_from_a_plain_function() -> None:
+    """``Mock(spec=fetch)`` of a plain ``def`` claims to be a function (its
+    ``__class__``) with a mock for code flags: the generator check must not do
+    arithmetic on them (it raised ``TypeError: unsupported operand type(s) for &``)."""
+    from unittest.mock import Mock
+
+    async def stub(url: str) -> str:
+        return "stub"
+
+    def fetch(url: str) -> Any:  # a plain def returning an awaitable
+        return stub(url)
+
+    bulkhead = rs.Bulkhead(1)
+    fake = Mock(spec=fetch, side_effect=fetch)
+    assert await bulkhead.call_async(fake, "u") == "stub"
+    assert bulkhead.statistics().in_flight == 0

@@ -466,6 +466,34 @@ def test_a_sync_call_that_fails_past_its_limit_times_out_as_async_does(
     assert attempts == 2
 
 
+def test_nested_sync_timeouts_on_one_deadline_time_out_once(fake_clock: FakeClock) -> None:
+    """An inner Timeout clamped to an outer one's deadline raises there; the outer one
+    lets that Timeout through (one TimedOut, one count), whether the call returned or
+    failed late, through call() or nested with blocks."""
+    outer = rs.Timeout(1.0, clock=fake_clock, name="total")
+    inner = rs.Timeout(5.0, clock=fake_clock, name="per_attempt")
+    events: list[rs.Event] = []
+    outer.add_listener(events.append)
+    inner.add_listener(events.append)
+
+    def late() -> None:
+        fake_clock.advance(2)
+
+    def fails_late() -> None:
+        fake_clock.advance(2)
+        raise ConnectionResetError
+
+    for work in (late, fails_late):
+        with pytest.raises(rs.Timeout) as caught:
+            outer.call(inner.call, work)
+        assert not isinstance(caught.value.__cause__, rs.Timeout)
+        with pytest.raises(rs.Timeout) as caught, outer, inner:
+            work()
+        assert not isinstance(caught.value.__cause__, rs.Timeout)
+    assert [event.policy for event in events] == ["per_attempt"] * 4
+    assert outer.statistics().timed_out == 0
+
+
 def test_a_sync_failure_before_the_limit_and_an_interrupt_pass_through(
     fake_clock: FakeClock,
 ) -> None:

@@ -30,12 +30,14 @@ def test_parse(text: str, amount: int, period: float) -> None:
 
 
 @pytest.mark.parametrize(
-    "text", ["", "fast", "10", "0/s", "10/0s", "10/5 parsecs", "-1/s", "1.5/s"]
+    "text", ["", "fast", "10", "0/s", "10/0s", "10/5 parsecs", "-1/s", "1.5/s", "1,000/day"]
 )
 def test_parse_errors(text: str) -> None:
-    """Unparseable or empty rates raise ConfigurationError."""
-    with pytest.raises(rs.ConfigurationError):
+    """Unparseable or empty rates raise ConfigurationError (one rate that does not
+    parse, "1,000/day" too, is not taken for a list of several)."""
+    with pytest.raises(rs.ConfigurationError) as info:
         rs.Rate.parse(text)
+    assert "one limit" not in str(info.value)
 
 
 @pytest.mark.parametrize("text", ["10/second;1000/day", "5/minute, 100/day"])
