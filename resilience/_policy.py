@@ -80,6 +80,18 @@ class Policy(Protocol):
         ...
 
 
+def _is_function_stand_in(fn: object) -> bool:
+    """Whether ``fn`` only poses as a function: ``MagicMock(spec=some_def)`` passes
+    ``isinstance(fn, FunctionType)`` and answers every code-flag test with a truthy
+    mock, so :mod:`inspect` calls it a coroutine and an async generator function at
+    once. Such a stand-in is judged as what it returns when called: a plain call (an
+    ``AsyncMock`` carries real ``int`` flags and stays async)."""
+    if type(fn) is FunctionType or not isinstance(fn, FunctionType):
+        return False
+    code = getattr(fn, "__code__", None)
+    return not isinstance(getattr(code, "co_flags", None), int)
+
+
 def is_generator_function(fn: object) -> bool:
     """Whether calling ``fn`` creates a generator, sync or async (which :func:`decorate`
     and ``call`` refuse): a generator function or method, a ``functools.partial`` of
@@ -87,6 +99,8 @@ def is_generator_function(fn: object) -> bool:
     paths leave these to :func:`decorate`."""
     while isinstance(fn, functools.partial):
         fn = fn.func
+    if _is_function_stand_in(fn):
+        return False
     if inspect.isasyncgenfunction(fn) or inspect.isgeneratorfunction(fn):
         return True
     if not callable(fn) or inspect.isroutine(fn):
@@ -119,6 +133,8 @@ def is_async_callable(fn: object) -> bool:
     would only time, retry or count the creation of the coroutine."""
     while isinstance(fn, functools.partial):
         fn = fn.func
+    if _is_function_stand_in(fn):
+        return False
     if inspect.iscoroutinefunction(fn):
         return True
     return (

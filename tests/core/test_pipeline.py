@@ -8,6 +8,7 @@ import logging
 import warnings
 from collections.abc import Callable
 from typing import Any
+from unittest import mock
 
 import pybreaker
 import pytest
@@ -264,6 +265,36 @@ async def test_call_async_of_a_generator_function_is_refused_before_it_acts(make
         assert policy.statistics().calls == 1
     if isinstance(policy, rs.Bulkhead):
         assert policy.statistics().in_flight == 0
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("make", list(EVERY_POLICY.values()), ids=list(EVERY_POLICY))
+async def test_mocks_of_functions_run_as_what_they_return(make: Any) -> None:
+    """``MagicMock(spec=some_def)`` poses as a function whose every code flag is set, so
+    :mod:`inspect` calls it an async generator function: ``call`` refused it. A mock
+    runs as a plain call; an ``AsyncMock`` (or a mock spec'd on an ``async def``) is
+    still an async function that ``call`` refuses and ``call_async`` awaits."""
+
+    def plain(url: str) -> str:
+        return url
+
+    async def fetch(url: str) -> str:
+        return url
+
+    policy = make()
+    sync_mock = mock.MagicMock(spec=plain, return_value="body")
+    assert policy.call(sync_mock, "u") == "body"
+    sync_mock.assert_called_once_with("u")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the mock's own unawaited call
+        for async_mock in (mock.AsyncMock(), mock.MagicMock(spec=fetch)):
+            with pytest.raises(TypeError, match="call_async"):
+                policy.call(async_mock, "u")
+            async_mock.assert_not_called()
+    fresh = make()  # the limiter's one token
+    async_mock = mock.AsyncMock(return_value="async body")
+    assert await fresh.call_async(async_mock, "u") == "async body"
+    async_mock.assert_awaited_once_with("u")
 
 
 def test_a_policy_class_instead_of_a_policy_is_refused() -> None:
