@@ -30,11 +30,15 @@ class Deadline:
 
     # A plain slotted class: entering a deadline is on the hot path of every Timeout,
     # and a frozen dataclass's __init__ costs several times more.
-    __slots__ = ("at", "clock")
+    __slots__ = ("_owner", "at", "clock")
 
-    def __init__(self, at: float, clock: Clock) -> None:
+    def __init__(self, at: float, clock: Clock, _owner: object = None) -> None:
         self.at = at
         self.clock = clock
+        # The Timeout whose own limit set this deadline (None: rs.deadline, a Retry's
+        # deadline, the ASGI middleware), to which an inner Timeout cut here reports;
+        # REPORTED once one has.
+        self._owner = _owner
 
     def __repr__(self) -> str:
         return f"Deadline(at={self.at!r}, clock={self.clock!r})"
@@ -79,9 +83,15 @@ def clamp(seconds: float) -> float:
     return max(0.0, min(seconds, current.remaining()))
 
 
-def push(seconds: float, clock: Clock) -> tuple[Deadline, object]:
-    """Enter a deadline ``seconds`` from now; returns it and a token for :func:`pop`."""
-    new = Deadline(clock.monotonic() + seconds, clock)
+#: A deadline's owner once a timeout at that deadline has been counted (on the owner).
+REPORTED = object()
+
+
+def push(seconds: float, clock: Clock, owner: object = None) -> tuple[Deadline, object]:
+    """Enter a deadline ``seconds`` from now (set by ``owner``, a Timeout, if given);
+    returns the deadline in force (an outer, sooner one stays) and a token for
+    :func:`pop`."""
+    new = Deadline(clock.monotonic() + seconds, clock, owner)
     current = _DEADLINE.get()
     if current is not None and current.remaining() <= seconds:
         new = current

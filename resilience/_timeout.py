@@ -18,7 +18,7 @@ from . import (
     _validate,  # a module import: errors.py imports this module mid-way
 )
 from ._clock import SYSTEM_CLOCK, Clock
-from ._deadline import _DEADLINE, Deadline
+from ._deadline import _DEADLINE, REPORTED, Deadline
 from ._events import TimedOut
 from ._policy import PolicyBase, refuse_async, refuse_generator_async
 from .errors import ResilienceError
@@ -205,19 +205,47 @@ class Timeout(PolicyBase, ResilienceError, TimeoutError):
 
     # -- the error --------------------------------------------------------------------
 
-    def _error(self, seconds: float, *, spent: bool = False) -> Timeout:
+    def _error(self, seconds: float, *, spent: bool = False, counted: bool = True) -> Timeout:
         """The error to raise after ``seconds`` (the limit applied); ``spent``: the
         call got no time at all (the ambient deadline had passed before it started),
-        which its message says and its event reports as 0 seconds."""
-        self._timed_out += 1
-        if self._observed:
-            self._emit(TimedOut(policy=self.name, seconds=0.0 if spent else seconds))
+        which its message says and its event reports as 0 seconds; ``counted``: this
+        timeout counts and reports it (see :meth:`_cut`)."""
+        if counted:
+            self._timed_out += 1
+            if self._observed:
+                self._emit(TimedOut(policy=self.name, seconds=0.0 if spent else seconds))
         # The raised error is a fresh instance (``seconds`` is positive here),
         # never the shared policy object.
         error = Timeout(seconds, clock=self._clock, name=self.name)
         if spent:
             error.args = ("timed out: the deadline had passed before the call started",)
         return error
+
+    def _cut(self, at: Deadline | None, seconds: float, *, spent: bool = False) -> Timeout:
+        """The error for a call cut at the deadline ``at`` after ``seconds`` (this call's
+        limit), counted once, on the timeout whose own limit it was.
+
+        Clamped to an outer ``Timeout``'s sooner deadline, this one only enforces that
+        limit: the outer one counts and reports it (as when its own timer cuts first, so
+        sync and async code agree), and lets this error through, once; a deadline of
+        ``rs.deadline``, a ``Retry`` or the ASGI middleware is this timeout's to count.
+        """
+        owner = None if at is None else at._owner
+        if owner is None or owner is self:
+            return self._error(seconds, spent=spent)
+        if owner is REPORTED:  # counted already (a layer between swallowed that error)
+            return self._error(seconds, spent=spent, counted=False)
+        assert at is not None
+        assert isinstance(owner, Timeout)
+        at._owner = REPORTED
+        error = owner._error(owner.seconds)
+        if spent:
+            error.args = ("timed out: the deadline had passed before the call started",)
+        return error
+
+    def _spent(self) -> Timeout:
+        """The error for a call that would start past the ambient deadline."""
+        return self._cut(_deadline.current_deadline(), self.seconds, spent=True)
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Pickled (a raised error crossing processes): seconds, message and name; the
@@ -266,9 +294,9 @@ class Timeout(PolicyBase, ResilienceError, TimeoutError):
         refuse_async(self, fn)
         seconds = self._budget()
         if seconds <= 0:
-            raise self._error(self.seconds, spent=True)
+            raise self._spent()
         clock = self._clock
-        entered, token = _deadline.push(seconds, clock)
+        entered, token = _deadline.push(seconds, clock, self)
         # The limit on this policy's own clock: the deadline entered may be an outer,
         # sooner one on another clock (a FakeClock Retry around a system-clock Timeout).
         same = entered.clock is clock
@@ -276,28 +304,37 @@ class Timeout(PolicyBase, ResilienceError, TimeoutError):
         try:
             result = fn(*args, **kwargs)
         except Exception as exc:
-            _deadline.pop(token)
+            self._leave(entered, token)
             # (An inner Timeout on the same deadline has already timed the call out.)
             if not isinstance(exc, Timeout) and (
                 clock.monotonic() >= ends or (not same and entered.remaining() <= 0)
             ):
                 # Failed at or past the limit: async code would have been cut there,
                 # so the outcome is the timeout, whatever the call ended with.
-                raise self._error(seconds) from exc
+                raise self._cut(entered, seconds) from exc
             raise
         except BaseException:
-            _deadline.pop(token)
+            self._leave(entered, token)
             raise
-        _deadline.pop(token)
+        _deadline.pop(token)  # self._leave(), inlined on the hot path
+        if entered._owner is self:
+            entered._owner = None
         if clock.monotonic() >= ends or (not same and entered.remaining() <= 0):
-            raise self._error(seconds)  # at the limit: cut, as async is
+            raise self._cut(entered, seconds)  # at the limit: cut, as async is
         return result
+
+    def _leave(self, entered: Deadline, token: object) -> None:
+        """Leave the deadline entered; this timeout's own one no longer reports to it
+        (a context copied into work that outlives the call still holds the object)."""
+        _deadline.pop(token)
+        if entered._owner is self:
+            entered._owner = None
 
     def __enter__(self) -> Timeout:
         seconds = self._budget()
         if seconds <= 0:
-            raise self._error(self.seconds, spent=True)
-        entered, token = _deadline.push(seconds, self._clock)
+            raise self._spent()
+        entered, token = _deadline.push(seconds, self._clock, self)
         same = entered.clock is self._clock  # else ends on this clock, as in call()
         ends = entered.at if same else self._clock.monotonic() + seconds
         state = [entered, token, seconds, ends]
@@ -314,13 +351,13 @@ class Timeout(PolicyBase, ResilienceError, TimeoutError):
         assert state is not None, "Timeout.__exit__ without __enter__"
         entered, token, seconds, ends, own = state
         _ENTERED.reset(own)
-        _deadline.pop(token)
+        self._leave(entered, token)
         if (exc_type is None or (isinstance(exc, Exception) and not isinstance(exc, Timeout))) and (
             self._clock.monotonic() >= ends
             or (entered.clock is not self._clock and entered.remaining() <= 0)
         ):
             # At or past the limit, returned or failed: the timeout (see call()).
-            raise self._error(seconds) from exc
+            raise self._cut(entered, seconds) from exc
 
     # -- async ------------------------------------------------------------------------
 
@@ -333,12 +370,12 @@ class Timeout(PolicyBase, ResilienceError, TimeoutError):
             return await self._runner(fn)(*args, **kwargs)  # type: ignore[no-any-return]
         seconds = self._budget()
         if seconds <= 0:
-            raise self._error(self.seconds, spent=True)
-        _, token = _deadline.push(seconds, self._clock)
+            raise self._spent()
+        entered, token = _deadline.push(seconds, self._clock, self)
         try:
-            return await self._call_fake(seconds, fn, args, kwargs)
+            return await self._call_fake(entered, seconds, fn, args, kwargs)
         finally:
-            _deadline.pop(token)
+            self._leave(entered, token)
 
     def _wrap(self, fn: Callable[..., Any], is_async: bool) -> Callable[..., Any] | None:
         """The decorator (and Pipeline) body of a coroutine function: :meth:`_runner`."""
@@ -358,23 +395,24 @@ class Timeout(PolicyBase, ResilienceError, TimeoutError):
         clock = self._clock
         monotonic = clock.monotonic
         current_deadline, enter, leave = _DEADLINE.get, _DEADLINE.set, _DEADLINE.reset
-        error = self._error
+        cut = self._cut
         call_anyio = self._call_anyio
 
         async def timeout_async(*args: Any, **kwargs: Any) -> Any:
             seconds = limit
             token = None
-            current = current_deadline()
-            if current is not None and (left := current.remaining()) <= limit:
+            at = current_deadline()
+            if at is not None and (left := at.remaining()) <= limit:
                 if left <= 0:
-                    raise error(limit, spent=True)
+                    raise cut(at, limit, spent=True)
                 seconds = left  # the sooner, outer deadline stays in force
             else:
-                token = enter(Deadline(monotonic() + limit, clock))
+                at = Deadline(monotonic() + limit, clock, self)
+                token = enter(at)
             try:
                 loop = _get_running_loop()
                 if loop is None:  # trio (or another anyio backend)
-                    return await call_anyio(seconds, fn, args, kwargs)
+                    return await call_anyio(at, seconds, fn, args, kwargs)
                 task = asyncio.current_task(loop)
                 assert task is not None
                 expiry = _Expiry(task, loop)
@@ -384,7 +422,7 @@ class Timeout(PolicyBase, ResilienceError, TimeoutError):
                     result = await fn(*args, **kwargs)
                 except asyncio.CancelledError:
                     if expiry.fired and task.uncancel() <= cancelling:
-                        raise error(seconds) from None
+                        raise cut(at, seconds) from None
                     raise
                 except BaseException:
                     if expiry.fired:
@@ -399,27 +437,38 @@ class Timeout(PolicyBase, ResilienceError, TimeoutError):
                     # The call caught our cancellation and returned anyway: take back the
                     # cancel request, and discard the late value as the sync path does.
                     task.uncancel()
-                    raise error(seconds)
+                    raise cut(at, seconds)
                 if expiry.due:  # returned from a shield it was in at the limit: late
-                    raise error(seconds)
+                    raise cut(at, seconds)
                 return result
             finally:
                 if token is not None:
                     leave(token)
+                    at._owner = None  # see _leave()
 
         return timeout_async
 
     async def _call_anyio(
-        self, seconds: float, fn: Callable[..., Awaitable[T]], args: Any, kwargs: Any
+        self,
+        at: Deadline,
+        seconds: float,
+        fn: Callable[..., Awaitable[T]],
+        args: Any,
+        kwargs: Any,
     ) -> T:
         with anyio.CancelScope(deadline=anyio.current_time() + seconds) as scope:
             result = await fn(*args, **kwargs)
         if scope.cancel_called:  # cut at the limit, or a late value the call returned anyway
-            raise self._error(seconds)
+            raise self._cut(at, seconds)
         return result
 
     async def _call_fake(
-        self, seconds: float, fn: Callable[..., Awaitable[T]], args: Any, kwargs: Any
+        self,
+        at: Deadline,
+        seconds: float,
+        fn: Callable[..., Awaitable[T]],
+        args: Any,
+        kwargs: Any,
     ) -> T:
         # The clock's timers fire when virtual time passes the deadline.
         with anyio.CancelScope() as scope:
@@ -431,14 +480,14 @@ class Timeout(PolicyBase, ResilienceError, TimeoutError):
             finally:
                 handle.cancel()
         if scope.cancel_called:  # cut at the limit, or a late value the call returned anyway
-            raise self._error(seconds)
+            raise self._cut(at, seconds)
         return result
 
     async def __aenter__(self) -> Timeout:
         seconds = self._budget()
         if seconds <= 0:
-            raise self._error(self.seconds, spent=True)
-        _, token = _deadline.push(seconds, self._clock)
+            raise self._spent()
+        entered, token = _deadline.push(seconds, self._clock, self)
         if self._fake_timers:
             scope = anyio.CancelScope()
             handle = self._clock.call_at(  # type: ignore[attr-defined]
@@ -448,7 +497,7 @@ class Timeout(PolicyBase, ResilienceError, TimeoutError):
             scope = anyio.CancelScope(deadline=anyio.current_time() + seconds)
             handle = None
         scope.__enter__()
-        state = [scope, handle, token, seconds]
+        state = [scope, handle, entered, token, seconds]
         state.append(_ENTERED.set(state))
         return self
 
@@ -460,9 +509,9 @@ class Timeout(PolicyBase, ResilienceError, TimeoutError):
     ) -> None:
         state = _ENTERED.get()
         assert state is not None, "Timeout.__aexit__ without __aenter__"
-        scope, handle, token, seconds, own = state
+        scope, handle, entered, token, seconds, own = state
         _ENTERED.reset(own)
-        _deadline.pop(token)
+        self._leave(entered, token)
         if handle is not None:
             handle.cancel()
         # The scope swallows only the cancellation it caused itself, which becomes
@@ -473,7 +522,7 @@ class Timeout(PolicyBase, ResilienceError, TimeoutError):
         if scope.cancelled_caught or (exc_type is None and scope.cancel_called):
             # From None: the cancellation that cut the block is this error's own doing,
             # not an error it happened "during the handling of" (call_async says so too).
-            raise self._error(seconds) from None
+            raise self._cut(entered, seconds) from None
 
     def statistics(self) -> TimeoutStatistics:
         """How many calls this policy timed out.

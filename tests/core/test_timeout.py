@@ -467,9 +467,9 @@ def test_a_sync_call_that_fails_past_its_limit_times_out_as_async_does(
 
 
 def test_nested_sync_timeouts_on_one_deadline_time_out_once(fake_clock: FakeClock) -> None:
-    """An inner Timeout clamped to an outer one's deadline raises there; the outer one
-    lets that Timeout through (one TimedOut, one count), whether the call returned or
-    failed late, through call() or nested with blocks."""
+    """An inner Timeout clamped to an outer one's deadline raises there, counted once
+    on the outer one whose limit it was (one TimedOut, named after it), whether the
+    call returned or failed late, through call() or nested with blocks."""
     outer = rs.Timeout(1.0, clock=fake_clock, name="total")
     inner = rs.Timeout(5.0, clock=fake_clock, name="per_attempt")
     events: list[rs.Event] = []
@@ -490,8 +490,59 @@ def test_nested_sync_timeouts_on_one_deadline_time_out_once(fake_clock: FakeCloc
         with pytest.raises(rs.Timeout) as caught, outer, inner:
             work()
         assert not isinstance(caught.value.__cause__, rs.Timeout)
-    assert [event.policy for event in events] == ["per_attempt"] * 4
-    assert outer.statistics().timed_out == 0
+    assert [event.policy for event in events] == ["total"] * 4
+    assert outer.statistics().timed_out == 4
+    assert inner.statistics().timed_out == 0
+
+
+@pytest.mark.anyio
+async def test_nested_async_timeouts_count_on_the_one_whose_limit_it_was() -> None:
+    """Cut at an outer Timeout's sooner (or equal) deadline, asyncio and trio both count
+    the timeout once, on the outer one, as sync code does: whichever timer fired first,
+    the inner one only enforced the outer limit."""
+
+    async def hangs() -> None:
+        await anyio.sleep_forever()
+
+    for outer_limit, inner_limit in ((0.02, 1.0), (0.02, 0.02)):
+        outer = rs.Timeout(outer_limit, name="total")
+        inner = rs.Timeout(inner_limit, name="per_attempt")
+        events: list[rs.Event] = []
+        outer.add_listener(events.append)
+        inner.add_listener(events.append)
+        with anyio.fail_after(5):
+            with pytest.raises(rs.Timeout):
+                await outer.call_async(inner.call_async, hangs)
+            with pytest.raises(rs.Timeout):
+                async with outer, inner:
+                    await hangs()
+        assert [event.policy for event in events] == ["total", "total"]
+        assert (outer.statistics().timed_out, inner.statistics().timed_out) == (2, 0)
+
+
+def test_a_nested_timeout_counts_once_through_a_fallback_and_alone_in_a_deadline(
+    fake_clock: FakeClock,
+) -> None:
+    """A Fallback between two Timeouts that swallows the inner cut does not make it
+    count twice: the outer one, whose deadline it was, discards the late fallback value
+    uncounted. Inside ``rs.deadline`` (no Timeout's limit) the inner Timeout counts."""
+    outer = rs.Timeout(1.0, clock=fake_clock, name="total")
+    inner = rs.Timeout(5.0, clock=fake_clock, name="per_attempt")
+    degraded = rs.Fallback(lambda: "degraded", on=rs.Timeout)
+    events: list[rs.Event] = []
+    for policy in (outer, inner):
+        policy.add_listener(events.append)
+
+    def slow() -> str:
+        fake_clock.advance(2)
+        return "late"
+
+    with pytest.raises(rs.Timeout):
+        outer.call(degraded.call, inner.call, slow)
+    assert [event.policy for event in events] == ["total"]
+    with rs.deadline(1.0, clock=fake_clock), pytest.raises(rs.Timeout):
+        inner.call(slow)
+    assert [event.policy for event in events] == ["total", "per_attempt"]
 
 
 def test_a_sync_failure_before_the_limit_and_an_interrupt_pass_through(
