@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import inspect
 import os
 from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
 from typing import Any
 
-from ._validate import check_key_function
+from ._validate import accepts, check_key_function
 from .errors import ConfigurationError
 
 __all__ = ["ExceptionFilter", "ExceptionMatcher", "exception_filter"]
@@ -86,14 +85,10 @@ def exception_filter(
     if callable(on):
         # An async predicate's coroutine is always truthy: every error would match.
         check_key_function(name, on, gives="its answer")
-        try:
-            inspect.signature(on).bind(BaseException())
-        except TypeError:
+        if not accepts(on, (BaseException(),)):
             raise ConfigurationError(
                 f"{name}: a predicate must take the exception as its one argument, got {on!r}"
-            ) from None
-        except ValueError:  # no signature to check (some builtins): trust it
-            pass
+            )
         return None, on
     raise ConfigurationError(
         f"{name} must be an exception type, a tuple of them, or a predicate, got {on!r}"

@@ -147,20 +147,33 @@ def check_predicate(
     retried); a wrong arity would only fail at the first call.
     """
     fn = check_key_function(name, value, allow_none=allow_none, gives=gives)
-    if fn is not None:
-        import inspect
-
-        try:
-            signature = inspect.signature(fn)
-        except Exception:  # no signature to read (builtins, proxies): trust it
-            return fn
-        try:
-            signature.bind(*(None,) * arguments)
-        except TypeError:
-            takes = "no argument" if arguments == 0 else f"{arguments} positional argument"
-            plural = "s" if arguments > 1 else ""
-            raise ConfigurationError(f"{name} must take {takes}{plural}, got {fn!r}") from None
+    if fn is not None and not accepts(fn, (None,) * arguments):
+        takes = "no argument" if arguments == 0 else f"{arguments} positional argument"
+        plural = "s" if arguments > 1 else ""
+        raise ConfigurationError(f"{name} must take {takes}{plural}, got {fn!r}")
     return fn
+
+
+def accepts(fn: Callable[..., Any], arguments: tuple[Any, ...]) -> bool:
+    """Whether ``fn`` can be called with ``arguments``, as far as its signature says.
+
+    Both the signature ``inspect`` reports (which follows ``__wrapped__`` to the
+    decorated function) and the wrapper's own are tried: a ``functools.wraps``
+    decorator or ``update_wrapper(partial(f, 500), f)`` that supplies an argument
+    takes fewer than the function it names. A callable with no signature to read
+    (some builtins, proxies) is trusted.
+    """
+    import inspect
+
+    for follow_wrapped in (True, False):
+        try:
+            inspect.signature(fn, follow_wrapped=follow_wrapped).bind(*arguments)
+        except TypeError:
+            continue
+        except Exception:  # no signature to read: trust it
+            return True
+        return True
+    return False
 
 
 def check_clock(name: str, value: Any) -> Clock:

@@ -3,9 +3,11 @@ predicates that could only misbehave later, numbers beyond any float."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
+import anyio
 import pytest
 
 import resilience as rs
@@ -79,6 +81,81 @@ def test_well_formed_callables_are_accepted() -> None:
     rs.Faults(chaos.Error(lambda: ValueError("x")), chaos.Latency(chaos.exponential(0.1)))
     rs.Faults(error_rate=1.0, when=lambda *args, **kwargs: True)
     asgi.RateLimitMiddleware(_app, limiter=rs.RateLimiter("1/h"), key=lambda scope: "k")
+
+
+async def _app_ok(scope: Any, receive: Any, send: Any) -> None:
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": b""})
+
+
+async def _status_of(app: Any, path: str) -> int:
+    """The status ``app`` answers a GET of ``path`` from one client with."""
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET",
+        "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"",
+        "root_path": "", "headers": [], "client": ("127.0.0.1", 5000),
+        "server": ("127.0.0.1", 80),
+    }  # fmt: skip
+    await app(scope, receive, send)
+    return int(sent[0]["status"])
+
+
+class _StatusError(Exception):
+    def __init__(self, status: int) -> None:
+        super().__init__(status)
+        self.status = status
+
+
+def test_a_wrapper_that_supplies_an_argument_is_accepted(fake_clock: FakeClock) -> None:
+    """``inspect.signature`` reports the signature of the function a ``functools.wraps``
+    wrapper names, not the wrapper's own: a decorator or an ``update_wrapper``-ed
+    ``partial`` that supplies an argument was refused as taking too many. Both kinds
+    are accepted and called with what the policy gives."""
+
+    def has_status(status: int, exc: BaseException) -> bool:
+        return getattr(exc, "status", None) == status
+
+    is_server_error = functools.update_wrapper(functools.partial(has_status, 500), has_status)
+    attempts: list[int] = []
+
+    @rs.Retry(on=is_server_error, attempts=3, backoff=[0.0, 0.0], clock=fake_clock)
+    def fetch(status: int) -> None:
+        attempts.append(status)
+        raise _StatusError(status)
+
+    with pytest.raises(_StatusError):
+        fetch(500)
+    with pytest.raises(_StatusError):
+        fetch(404)
+    assert attempts == [500, 500, 500, 404]
+
+    def with_prefix(fn: Callable[[dict[str, Any], str], bool]) -> Callable[..., bool]:
+        @functools.wraps(fn)
+        def wrapper(scope: dict[str, Any]) -> bool:
+            return fn(scope, "/health")
+
+        return wrapper
+
+    @with_prefix
+    def is_exempt(scope: dict[str, Any], prefix: str) -> bool:
+        return str(scope["path"]).startswith(prefix)
+
+    middleware = asgi.RateLimitMiddleware(
+        _app_ok, limiter=rs.RateLimiter("1/h"), exempt_when=is_exempt
+    )
+    statuses = [anyio.run(_status_of, middleware, path) for path in ["/health"] * 3 + ["/a"] * 2]
+    assert statuses == [200, 200, 200, 200, 429]
+    refused = functools.update_wrapper(lambda: False, has_status)  # takes nothing at all
+    with pytest.raises(rs.ConfigurationError, match="must take"):
+        rs.Retry(on=OSError, on_result=refused)
 
 
 @pytest.mark.parametrize("huge", [10**400, -(10**5000)], ids=["1e400", "-1e5000"])
