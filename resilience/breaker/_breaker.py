@@ -307,13 +307,15 @@ class CircuitBreaker(PolicyBase):
 
         self._shared: SharedState | None = None
         if backend is not None and _is_redis_backend(backend):
-            if name is None:
-                raise ConfigurationError(
-                    "a breaker with a shared backend needs a name= (the fleet-wide identity)"
-                )
-            from ._shared import SharedState
+            from ._shared import SharedState, default_identity
 
-            self._shared = SharedState(backend, self, quorum=quorum, sync_interval=sync_interval)
+            self._shared = SharedState(
+                backend,
+                self,
+                quorum=quorum,
+                sync_interval=sync_interval,
+                identity=name if name is not None else default_identity(self.name, self._config),
+            )
         elif backend is not None and not isinstance(backend, MemoryBackend):
             raise ConfigurationError(
                 f"backend must be a RedisBackend, a MemoryBackend or None, got {backend!r}"

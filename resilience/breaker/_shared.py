@@ -63,6 +63,7 @@ from ._state import CircuitState
 
 if TYPE_CHECKING:
     from ._breaker import CircuitBreaker
+    from ._config import BreakerConfig
 
 __all__ = ["SharedState"]
 
@@ -451,13 +452,34 @@ if hasattr(os, "register_at_fork"):  # pragma: no branch
     )
 
 
+def default_identity(name: str, config: BreakerConfig) -> str:
+    """The fleet identity of a shared breaker built without ``name=``: its default
+    name and a digest of its thresholds, so that a fleet's copies of one breaker share
+    state while two unnamed breakers with different settings do not (as an unnamed
+    distributed bulkhead's identity carries its limit)."""
+    settings = (
+        config.failure_rate,
+        config.window,
+        config.window_type,
+        config.buckets,
+        config.min_calls,
+        config.slow_call,
+        config.slow_call_rate,
+        config.consecutive_failures,
+        config.open_for,
+        config.open_for_max,
+        config.half_open_calls,
+    )
+    return f"{name}-{hashlib.sha256(repr(settings).encode()).hexdigest()[:12]}"
+
+
 class SharedState:
     """The advisory Redis shared state of one :class:`~resilience.CircuitBreaker`.
 
-    Built by the breaker when given ``backend=RedisBackend(...)`` and a ``name``; the
-    name is the breaker's identity across the fleet. See :mod:`resilience.breaker`
-    (module ``_shared``) for the protocol. Counters for dashboards are in
-    :meth:`statistics`.
+    Built by the breaker when given ``backend=RedisBackend(...)``; its ``name`` is the
+    breaker's identity across the fleet (without one, :func:`default_identity`). See
+    :mod:`resilience.breaker` (module ``_shared``) for the protocol. Counters for
+    dashboards are in :meth:`statistics`.
 
     Example::
 
@@ -473,9 +495,11 @@ class SharedState:
         *,
         quorum: int = 1,
         sync_interval: float = 1.0,
+        identity: str | None = None,
     ) -> None:
         self.backend = backend
-        self.name = breaker.name
+        #: The breaker's identity across the fleet: its name (see :func:`default_identity`).
+        self.name = breaker.name if identity is None else identity
         self.quorum = quorum
         self.sync_interval = sync_interval
         self._closed = False  # left the fleet (close()): no more elections or publishes

@@ -122,10 +122,27 @@ def fleet(redis_server: RedisServer) -> Iterator[Fleet]:
         group.close()
 
 
-def test_needs_a_name(redis_server: RedisServer) -> None:
-    """The name is the fleet-wide identity: a shared breaker must have one."""
-    with pytest.raises(rs.ConfigurationError, match="name"):
-        CircuitBreaker(backend=RedisBackend.from_url(redis_server.url))
+def test_unnamed_shared_breakers_share_state_by_their_settings(fleet: Fleet) -> None:
+    """Without ``name=`` (it used to be required), a shared breaker's fleet identity
+    is its default name and a digest of its thresholds: a fleet's copies of one breaker
+    hear each other's trips, an unnamed breaker with other settings (another
+    dependency's) does not."""
+    a, b = fleet.add(name=None), fleet.add(name=None)
+    other = fleet.add(name=None, consecutive_failures=3)
+    assert a.shared is not None
+    assert b.shared is not None
+    assert other.shared is not None
+    assert a.name == "CircuitBreaker"
+    assert a.shared.name == b.shared.name != other.shared.name
+    assert a.shared.name.startswith("CircuitBreaker-")
+    heard, misheard = opened_event(b), opened_event(other)
+    for _ in range(2):
+        with pytest.raises(Boom):
+            a.call(boom)
+    assert heard.wait(3)
+    # The trip was published to every subscriber at once: give other's a moment.
+    assert not misheard.wait(0.2)
+    assert other.state is CircuitState.CLOSED
 
 
 def test_a_trip_opens_the_others(fleet: Fleet) -> None:
