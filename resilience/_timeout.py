@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
+import re
 import threading
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
@@ -21,7 +23,7 @@ from ._clock import SYSTEM_CLOCK, Clock
 from ._deadline import _DEADLINE, REPORTED, Deadline
 from ._events import TimedOut
 from ._policy import PolicyBase, refuse_async, refuse_generator_async
-from .errors import ResilienceError
+from .errors import ConfigurationError, ResilienceError
 
 __all__ = ["Timeout", "TimeoutStatistics"]
 
@@ -153,6 +155,21 @@ def from_any_thread(callback: Callable[[], object]) -> Callable[[], None]:
     return run_trio
 
 
+class _AsError:
+    """The default of ``Timeout(seconds)``: built without a limit, a Timeout is an
+    error only (``raise rs.Timeout()``)."""
+
+    def __repr__(self) -> str:
+        return "<none: an error only>"
+
+
+_AS_ERROR: Any = _AsError()
+#: Text that reads as a limit ("5", "1.5s", "200ms"), refused rather than taken for a
+#: message: the caller meant seconds.
+_LOOKS_LIKE_A_LIMIT = re.compile(
+    r"\s*[-+]?(\d+\.?\d*|\.\d+)(e[-+]?\d+)?\s*(ms|s|sec|secs|seconds?|m|min|h)?\s*", re.I
+).fullmatch
+
 # Per-task state of ``async with timeout:`` blocks (the policy object is shared).
 _ENTERED: ContextVar[list[Any] | None] = ContextVar("resilience_timeout_entered", default=None)
 
@@ -178,6 +195,12 @@ class Timeout(PolicyBase, ResilienceError, TimeoutError):
     3. if the call returns after the deadline, its result is discarded and
        ``Timeout`` is raised: a timed-out call never returns a value late.
 
+    Built without ``seconds`` (``rs.Timeout()``, or with a message:
+    ``rs.Timeout("model too slow")``) it is the error alone, for code that raises it
+    itself; ``seconds`` is then ``inf``, and using it as a policy raises
+    :class:`ConfigurationError`. Text that reads as a limit (``"5"``, ``"200ms"``) is
+    refused: the limit is a number of seconds.
+
     Example::
 
         @rs.Timeout(0.5)
@@ -191,17 +214,27 @@ class Timeout(PolicyBase, ResilienceError, TimeoutError):
 
     def __init__(
         self,
-        seconds: float,
+        seconds: float | str = _AS_ERROR,
         *,
         clock: Clock | None = None,
         name: str | None = None,
     ) -> None:
         PolicyBase.__init__(self, name=name)
-        self.seconds: float = _validate.check_number("seconds", seconds, strict=True)
+        if seconds is _AS_ERROR or (isinstance(seconds, str) and not _LOOKS_LIKE_A_LIMIT(seconds)):
+            # Built as a plain exception (``raise rs.Timeout("model too slow")``): no
+            # limit was given, so ``seconds`` is infinite and the policy side refuses
+            # to run (its budget is never positive: every use lands in _spent()).
+            message = "timed out" if seconds is _AS_ERROR else str(seconds)
+            #: The limit in seconds (``inf`` for an error built without one).
+            self.seconds: float = math.inf
+            self._limit = -math.inf
+        else:
+            self.seconds = self._limit = _validate.check_number("seconds", seconds, strict=True)
+            message = f"timed out after {self.seconds:g}s"
         self._clock = _validate.check_clock("clock", clock)
         self._timed_out = 0
         self._fake_timers = hasattr(self._clock, "call_at") and self._clock is not SYSTEM_CLOCK
-        ResilienceError.__init__(self, f"timed out after {self.seconds:g}s")
+        ResilienceError.__init__(self, message)
 
     # -- the error --------------------------------------------------------------------
 
@@ -245,13 +278,21 @@ class Timeout(PolicyBase, ResilienceError, TimeoutError):
 
     def _spent(self) -> Timeout:
         """The error for a call that would start past the ambient deadline."""
+        self._refuse_without_limit()
         return self._cut(_deadline.current_deadline(), self.seconds, spent=True)
+
+    def _refuse_without_limit(self) -> None:
+        if self._limit < 0:
+            raise ConfigurationError(
+                f"{self!r} was built as an error, without a limit: give it seconds to "
+                "use it as a policy, e.g. rs.Timeout(5.0)"
+            )
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Pickled (a raised error crossing processes): seconds, message and name; the
         # clock stays behind (a test clock's timers need not pickle), the copy runs on
         # the system clock.
-        return (_restore_timeout, (self.seconds, self.args, self.name), self._extra())
+        return (_restore_timeout, (self._given(), self.args, self.name), self._extra())
 
     def __copy__(self) -> Timeout:
         return self._twin()
@@ -262,10 +303,15 @@ class Timeout(PolicyBase, ResilienceError, TimeoutError):
         return self._twin()
 
     def _twin(self) -> Timeout:
-        twin = Timeout(self.seconds, clock=self._clock, name=self.name)
+        given = self._given()
+        twin = Timeout(_AS_ERROR if given is None else given, clock=self._clock, name=self.name)
         twin.args = self.args
         twin.__dict__.update(self._extra())
         return twin
+
+    def _given(self) -> float | None:
+        """The ``seconds`` this was built with (``None``: built as an error only)."""
+        return self.seconds if self._limit >= 0 else None
 
     def _extra(self) -> dict[str, Any]:
         """What was added to this instance beyond the policy's own state: a raised
@@ -277,14 +323,17 @@ class Timeout(PolicyBase, ResilienceError, TimeoutError):
         return str(self.args[0]) if self.args else f"timed out after {self.seconds:g}s"
 
     def __repr__(self) -> str:
+        if self._limit < 0:
+            return f"Timeout({self.args[0]!r})" if self.args else "Timeout()"
         return f"Timeout({self.seconds:g})"
 
     def _budget(self) -> float:
-        """This call's limit: ``seconds`` clamped to the ambient deadline."""
+        """This call's limit: ``seconds`` clamped to the ambient deadline (negative
+        for an error built without a limit)."""
         current = _deadline.current_deadline()
         if current is None:
-            return self.seconds
-        return min(self.seconds, current.remaining())
+            return self._limit
+        return min(self._limit, current.remaining())
 
     # -- sync -------------------------------------------------------------------------
 
@@ -379,6 +428,7 @@ class Timeout(PolicyBase, ResilienceError, TimeoutError):
 
     def _wrap(self, fn: Callable[..., Any], is_async: bool) -> Callable[..., Any] | None:
         """The decorator (and Pipeline) body of a coroutine function: :meth:`_runner`."""
+        self._refuse_without_limit()  # at decoration, not at the first call
         if not is_async or self._fake_timers:
             return None
         return self._runner(fn)
@@ -391,6 +441,7 @@ class Timeout(PolicyBase, ResilienceError, TimeoutError):
         loop timer at the limit, and the cancellation is turned into :class:`Timeout`
         only if it was ours (``Task.uncancel`` tells), as ``asyncio.timeout`` does.
         """
+        self._refuse_without_limit()
         limit = self.seconds
         clock = self._clock
         monotonic = clock.monotonic
@@ -543,9 +594,11 @@ def _policy_attributes() -> frozenset[str]:
     return _POLICY_ATTRIBUTES
 
 
-def _restore_timeout(seconds: float, args: tuple[Any, ...], name: str | None = None) -> Timeout:
+def _restore_timeout(
+    seconds: float | None, args: tuple[Any, ...], name: str | None = None
+) -> Timeout:
     """A pickled :class:`Timeout`, its message and name included (a spent deadline's
     message says so; it came back as "timed out after ...")."""
-    error = Timeout(seconds, name=name)
+    error = Timeout(_AS_ERROR if seconds is None else seconds, name=name)
     error.args = args
     return error

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import copy
+import pickle
 from collections.abc import Callable
 from typing import Any
 
@@ -603,11 +605,55 @@ def test_timed_out_event(fake_clock: FakeClock) -> None:
     assert timeout.statistics().timed_out == 1
 
 
-@pytest.mark.parametrize("seconds", [0, -1, float("nan"), "1"])
+@pytest.mark.parametrize("seconds", [0, -1, float("nan"), float("inf"), None, "1", "1.5s", "200ms"])
 def test_bad_seconds(seconds: object) -> None:
-    """The limit must be a positive number."""
+    """The limit must be a positive number: text that reads as one is refused, not
+    taken for an error message."""
     with pytest.raises(rs.ConfigurationError, match="seconds"):
         rs.Timeout(seconds)  # type: ignore[arg-type]
+
+
+@pytest.mark.anyio
+async def test_a_timeout_built_without_a_limit_is_an_error_only() -> None:
+    """``rs.Timeout()`` and ``rs.Timeout("message")`` build the error alone, for code
+    that raises it itself: caught as ``rs.Timeout`` and ``TimeoutError``, retried by
+    ``Retry(on=rs.Timeout)``, its message kept by pickling and copying. Used as a
+    policy it refuses, naming the fix, instead of running without a limit."""
+    for error, message in ((rs.Timeout(), "timed out"), (rs.Timeout("model too slow"), None)):
+        assert isinstance(error, TimeoutError)
+        assert error.seconds == float("inf")
+        for twin in (error, pickle.loads(pickle.dumps(error)), copy.copy(error)):
+            assert str(twin) == (message or "model too slow")
+        attempts = 0
+
+        @rs.Retry(on=rs.Timeout, attempts=2, backoff=[0.0])
+        def slow() -> None:
+            nonlocal attempts
+            attempts += 1
+            raise error
+
+        with pytest.raises(rs.Timeout):
+            slow()
+        assert attempts == 2
+
+        async def work() -> None:
+            return None
+
+        uses: list[Callable[[], object]] = [
+            lambda: error.call(int),
+            lambda: error(int),
+            lambda: error(work),
+            lambda: rs.Pipeline(error).call(int),
+            lambda: error.__enter__(),
+        ]
+        for use in uses:
+            with pytest.raises(rs.ConfigurationError, match="without a limit"):
+                use()
+        with pytest.raises(rs.ConfigurationError, match="without a limit"):
+            await error.call_async(work)
+        with pytest.raises(rs.ConfigurationError, match="without a limit"):
+            async with error:
+                pass
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
