@@ -298,14 +298,24 @@ class _Hub:
         return [member for group in list(self._members.values()) for member in list(group)]
 
     def stop(self, timeout: float = 2.0) -> None:
-        """Stop both threads (they exit within about 0.1 s)."""
+        """Stop both threads: the publisher once it has sent what was queued before
+        (a trip or a probe's outcome just before the last breaker left the fleet), the
+        subscriber within about 0.1 s. Waits ``timeout`` seconds for each at most."""
+        self._forget()
+        self.finish(timeout)
+        thread = self._subscriber
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+
+    def finish(self, timeout: float) -> None:
+        """Take no more publishes, send those queued, and stop publishing; wait up to
+        ``timeout`` seconds for that (the subscriber is told to stop, not awaited)."""
         self.stopped = True
         self._stop.set()
-        self._forget()
         self._jobs.put(_STOP)
-        for thread in (self._subscriber, self._publisher):
-            if thread is not None and thread is not threading.current_thread():
-                thread.join(timeout)
+        thread = self._publisher
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
 
     # ---------------------------------------------------------------- publishing
 
@@ -331,7 +341,7 @@ class _Hub:
     def _publish_loop(self) -> None:
         while True:
             slot = self._jobs.get()
-            if slot is _STOP or self._stop.is_set():
+            if slot is _STOP:  # queued after every job it must not drop
                 return
             with self._pending_lock:
                 job = self._pending.pop(slot, None)
@@ -450,6 +460,31 @@ if hasattr(os, "register_at_fork"):  # pragma: no branch
         after_in_parent=_after_fork_in_parent,
         after_in_child=_after_fork_in_child,
     )
+
+#: How long an exiting process waits, in all, to send the trips and closes it queued.
+_EXIT_FLUSH_SECONDS = 1.0
+
+
+def _flush_at_exit() -> None:
+    """The process is exiting: send what the publishers still hold (within
+    :data:`_EXIT_FLUSH_SECONDS` in all), so a worker that trips and exits at once (a
+    CLI job, a recycled server worker) still tells the fleet."""
+    end = time.monotonic() + _EXIT_FLUSH_SECONDS
+    for hub in list(_Hub._hubs.values()):
+        try:
+            hub.finish(max(0.0, end - time.monotonic()))
+        except Exception:  # pragma: no cover - never fail the exit itself
+            logger.warning("resilience: breaker flush at exit failed", exc_info=True)
+
+
+# threading's exit hooks run before the interpreter joins its threads, while daemon
+# threads still run, and in multiprocessing children too (which skip atexit).
+try:
+    threading._register_atexit(_flush_at_exit)  # type: ignore[attr-defined]
+except (AttributeError, RuntimeError):  # pragma: no cover - no such hook, or exiting now
+    import atexit
+
+    atexit.register(_flush_at_exit)
 
 
 def default_identity(name: str, config: BreakerConfig) -> str:

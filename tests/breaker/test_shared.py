@@ -10,6 +10,8 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -1051,6 +1053,70 @@ def test_a_breaker_built_before_a_fork_keeps_sharing_in_the_child(fleet: Fleet) 
     assert child.exitcode == 0
     assert heard.wait(5)
     assert parent.state is CircuitState.OPEN
+
+
+def test_a_trip_just_before_leaving_the_fleet_still_reaches_it(fleet: Fleet) -> None:
+    """A trip (or a probe's outcome) still queued for the publisher when the breaker
+    leaves the fleet (``shared.close()``, the backend's last breaker) is sent before
+    the publisher stops: it used to be dropped, and the fleet never opened."""
+    leaving, staying = fleet.add(open_for=30.0), fleet.add(open_for=30.0)
+    assert leaving.shared is not None
+    heard = opened_event(staying)
+    for _ in range(2):
+        with pytest.raises(Boom):
+            leaving.call(boom)
+    leaving.shared.close()
+    assert heard.wait(5)
+    assert staying.state is CircuitState.OPEN
+
+
+_TRIP_AND_EXIT = """
+import sys, time
+import resilience as rs
+from resilience.backends import RedisBackend
+
+breaker = rs.CircuitBreaker(
+    name="fleet", backend=RedisBackend.from_url(sys.argv[1], timeout=1.0),
+    failure_rate=None, consecutive_failures=1, open_for=30.0, sync_interval=30.0,
+)
+end = time.monotonic() + 10
+while not breaker.shared.connected and time.monotonic() < end:
+    time.sleep(0.002)
+try:
+    breaker.call(lambda: 1 / 0)
+except ZeroDivisionError:
+    pass
+"""  # and exit at once: the interpreter's exit sends the trip
+
+
+@pytest.mark.parametrize("how", ["interpreter exit", "forked worker returns"])
+def test_a_process_that_trips_and_exits_at_once_tells_the_fleet(
+    fleet: Fleet, redis_server: RedisServer, how: str
+) -> None:
+    """A short-lived process (a CLI job, a recycled worker) that trips and exits right
+    away: the publisher is a daemon thread, and the trip it still held died with the
+    process. Exit now waits (1 s at most) for what is queued."""
+    staying = fleet.add(open_for=30.0)
+    heard = opened_event(staying)
+    if how == "interpreter exit":
+        done = subprocess.run(
+            [sys.executable, "-c", _TRIP_AND_EXIT, redis_server.url], timeout=60, check=False
+        )
+        assert done.returncode == 0
+    else:
+        child = multiprocessing.get_context("fork").Process(
+            target=_trip_and_return, args=(redis_server.url,)
+        )
+        child.start()
+        child.join(60)
+        assert child.exitcode == 0
+    assert heard.wait(5)
+    assert staying.state is CircuitState.OPEN
+
+
+def _trip_and_return(url: str) -> None:
+    """A forked worker's whole life: build a breaker, trip it, return (no waiting)."""
+    exec(_TRIP_AND_EXIT.replace("sys.argv[1]", repr(url)), {})
 
 
 class _LingeringLock:
