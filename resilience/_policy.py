@@ -362,9 +362,12 @@ class Pipeline(PolicyBase):
 
         self._clock: Clock = check_clock("clock", clock)
         flat: list[Policy] = []
+        #: Order problems a nested pipeline warned about when it was built: not again.
+        reported: set[str] = set()
         for policy in policies:
             if isinstance(policy, Pipeline):
                 flat.extend(policy.policies)
+                reported.update(_order_problems(policy.policies))
                 continue
             candidate: object = policy  # typed Policy, but checked: untyped callers exist
             if isinstance(candidate, type) or not isinstance(candidate, Policy):
@@ -378,6 +381,10 @@ class Pipeline(PolicyBase):
                 raise ConfigurationError(
                     f"policies must implement call() and call_async(), got {policy!r}"
                 )
+            # An error-only rs.Timeout("...") refuses now, not at the first call.
+            refuse_without_limit = getattr(candidate, "_refuse_without_limit", None)
+            if refuse_without_limit is not None:
+                refuse_without_limit()
             flat.append(policy)
         seen: set[int] = set()
         for policy in flat:
@@ -394,7 +401,8 @@ class Pipeline(PolicyBase):
             seen.add(id(policy))
         self.policies: tuple[Policy, ...] = tuple(flat)
         for message in _order_problems(self.policies):
-            warnings.warn(message, PipelineOrderWarning, stacklevel=2)
+            if message not in reported:
+                warnings.warn(message, PipelineOrderWarning, stacklevel=2)
 
     def add_listener(self, listener: L) -> L:
         """Receive the events of every policy in the pipeline; returns ``listener``.

@@ -167,7 +167,8 @@ _AS_ERROR: Any = _AsError()
 #: Text that reads as a limit ("5", "1.5s", "200ms"), refused rather than taken for a
 #: message: the caller meant seconds.
 _LOOKS_LIKE_A_LIMIT = re.compile(
-    r"\s*[-+]?(\d+\.?\d*|\.\d+)(e[-+]?\d+)?\s*(ms|s|sec|secs|seconds?|m|min|h)?\s*", re.I
+    r"\s*[-+]?((\d+\.?\d*|\.\d+)(e[-+]?\d+)?|inf|infinity|nan)\s*(ms|s|sec|secs|seconds?|m|min|h)?\s*",
+    re.I,
 ).fullmatch
 
 # Per-task state of ``async with timeout:`` blocks (the policy object is shared).

@@ -397,6 +397,25 @@ def test_retry_around_timeout_without_total_deadline_warns() -> None:
     assert record[0].filename == __file__
 
 
+def test_a_nested_pipeline_does_not_repeat_its_warning() -> None:
+    """A pipeline built from one that warned says only what is new: the inner order
+    problem was reported when the inner pipeline was built (once, at the user's line)."""
+    with pytest.warns(rs.PipelineOrderWarning, match="no total deadline"):
+        inner = rs.Pipeline(rs.Retry(on=TimeoutError), rs.Timeout(1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        rs.Pipeline(rs.Fallback(0), inner)
+    with pytest.warns(rs.PipelineOrderWarning, match="no total deadline"):
+        rs.Pipeline(rs.Retry(on=TimeoutError), rs.Pipeline(rs.Fallback(0), rs.Timeout(1)))
+
+
+def test_an_error_only_timeout_is_refused_when_the_pipeline_is_built() -> None:
+    """``rs.Timeout("message")`` is an error, not a policy: a pipeline refuses it when
+    it is built, as a decorator does, instead of at the first call."""
+    with pytest.raises(rs.ConfigurationError, match="without a limit"):
+        rs.Pipeline(rs.Retry(on=KeyError, deadline=1), rs.Timeout("just an error"))
+
+
 def test_retry_with_deadline_or_outer_timeout_does_not_warn() -> None:
     """A total deadline anywhere outside makes the order fine."""
     with warnings.catch_warnings():

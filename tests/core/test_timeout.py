@@ -605,7 +605,9 @@ def test_timed_out_event(fake_clock: FakeClock) -> None:
     assert timeout.statistics().timed_out == 1
 
 
-@pytest.mark.parametrize("seconds", [0, -1, float("nan"), float("inf"), None, "1", "1.5s", "200ms"])
+@pytest.mark.parametrize(
+    "seconds", [0, -1, float("nan"), float("inf"), None, "1", "1.5s", "200ms", "inf"]
+)
 def test_bad_seconds(seconds: object) -> None:
     """The limit must be a positive number: text that reads as one is refused, not
     taken for an error message."""
