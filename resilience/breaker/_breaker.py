@@ -409,8 +409,8 @@ class CircuitBreaker(PolicyBase):
                 BreakerStateChanged(
                     policy=self.name,
                     key=None if core.key is None else str(core.key),
-                    old=old.value,
-                    new=new.value,
+                    old=old,  # CircuitState: a str, so == "open" holds too
+                    new=new,
                     reason=reason,
                     open_for=open_for,
                 )

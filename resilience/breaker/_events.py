@@ -18,6 +18,9 @@ class BreakerStateChanged(StateChanged):
     ``"probes_succeeded"``, ``"half_open_timeout"``, ``"manual"``, ``"remote"`` (another
     process, through shared state) or ``"fleet_probe"`` (another process won the
     half-open probe). ``open_for`` is the cool-down when ``new`` is ``"open"``.
+    ``old`` and ``new`` are :class:`~resilience.CircuitState` members (a ``StrEnum``,
+    so ``event.new == "open"`` and ``event.new is CircuitState.OPEN`` both hold); from
+    :class:`~resilience.breaker.PyBreakerPolicy` they are pybreaker's state names.
 
     Example::
 

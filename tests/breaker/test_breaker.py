@@ -278,6 +278,22 @@ def test_closing_a_closed_breaker_is_no_state_change(fake_clock: FakeClock) -> N
     assert changes == []
 
 
+def test_state_change_events_carry_circuit_states(fake_clock: FakeClock) -> None:
+    """An event's ``old`` and ``new`` are CircuitState members, which are strings too:
+    ``event.new is CircuitState.OPEN`` holds (they were plain strings) as does
+    ``event.new == "open"``."""
+    breaker = CircuitBreaker(consecutive_failures=1, open_for=10, clock=fake_clock)
+    changes: list[BreakerStateChanged] = []
+    breaker.add_listener(
+        lambda e: changes.append(e) if isinstance(e, BreakerStateChanged) else None
+    )
+    fail_n(breaker, 1)
+    (opened,) = changes
+    assert opened.old is CircuitState.CLOSED
+    assert opened.new is CircuitState.OPEN
+    assert (opened.old, opened.new) == ("closed", "open")
+
+
 @pytest.mark.parametrize("polls", [(), (12,), (12, 18, 19)])
 def test_half_open_waits_for_its_first_probe_whoever_looks(
     fake_clock: FakeClock, polls: tuple[float, ...]
