@@ -136,9 +136,18 @@ def _peer_digest(scope: Scope) -> str:
     value = _PEER_DIGESTS.get(host)
     if value is None:
         # Straight to the hash: this memo is the one that serves these keys again.
-        value = _blake2b("ip:unknown" if host is None else "ip:" + host)
+        value = _blake2b("ip:unknown" if host is None else "ip:" + _unmapped(host))
         _remember(_PEER_DIGESTS, host, value)
     return value
+
+
+def _unmapped(host: str) -> str:
+    """A peer address as the key names it: an IPv4-mapped IPv6 address (a dual-stack
+    socket's IPv4 client, ``::ffff:192.0.2.7``) as its IPv4 address, as the forwarded
+    path reads it, so an IPv4-only and a dual-stack server share that client's bucket."""
+    if host[:7].lower() == "::ffff:" and "." in host:
+        return host[7:]
+    return host
 
 
 def digest(key: str) -> str:
@@ -351,7 +360,7 @@ def client_ip(
         # The common case: the socket peer, no parsing at all.
         def peer(scope: Scope) -> str | None:
             client = scope.get("client")
-            return "ip:" + client[0] if client and client[0] else "ip:unknown"
+            return "ip:" + _unmapped(client[0]) if client and client[0] else "ip:unknown"
 
         key = Key(peer, name)
         key._digest = _peer_digest

@@ -25,6 +25,16 @@ def test_peer_is_the_key_without_trusted_proxies() -> None:
     assert key(scope) == "ip:198.51.100.1"
 
 
+def test_a_dual_stack_peer_is_keyed_by_its_ipv4_address() -> None:
+    """A dual-stack socket reports IPv4 clients as IPv4-mapped IPv6 addresses: keyed as
+    the IPv4 address (as the forwarded path reads them), so an IPv4-only server and a
+    dual-stack one sharing Redis give that client one bucket."""
+    key = client_ip()
+    for peer in ("::ffff:198.51.100.1", "::FFFF:198.51.100.1", "198.51.100.1"):
+        assert key(http_scope(client=(peer, 1))) == "ip:198.51.100.1"
+    assert key(http_scope(client=("::ffff:c633:6401", 1))) == "ip:::ffff:c633:6401"
+
+
 def test_spoofed_header_from_untrusted_peer_is_ignored() -> None:
     """A client that is not a trusted proxy cannot choose its key."""
     key = client_ip(trusted_proxies=[PROXY])
@@ -387,7 +397,15 @@ def test_digest_is_stable_and_opaque() -> None:
 
 @pytest.mark.anyio
 @pytest.mark.parametrize(
-    "client", [("203.0.113.7", 5000), ("2001:db8::1", 443), None, ("", 0), ("unknown", 0)]
+    "client",
+    [
+        ("203.0.113.7", 5000),
+        ("2001:db8::1", 443),
+        ("::ffff:203.0.113.8", 5000),
+        None,
+        ("", 0),
+        ("unknown", 0),
+    ],
 )
 async def test_the_default_key_reaches_the_limiter_as_the_digest_of_the_peer(
     client: tuple[str, int] | None,
