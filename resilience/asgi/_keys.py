@@ -136,7 +136,10 @@ def _peer_digest(scope: Scope) -> str:
     value = _PEER_DIGESTS.get(host)
     if value is None:
         # Straight to the hash: this memo is the one that serves these keys again.
-        value = _blake2b("ip:unknown" if host is None else "ip:" + _unmapped(host))
+        if host is None:
+            value = _blake2b("ip:unknown")
+        else:  # (an IPv4 address, the usual peer, skips the call)
+            value = _blake2b("ip:" + (host if ":" not in host else _unmapped(host)))
         _remember(_PEER_DIGESTS, host, value)
     return value
 
