@@ -217,6 +217,8 @@ class _Hub:
         #: Publishes dropped because _MAX_PENDING were waiting.
         self.dropped = 0
         self._stop = threading.Event()
+        #: Stopping, the publisher sends what is queued until then (monotonic seconds).
+        self._flush_until = 0.0
         self._subscriber: threading.Thread | None = None
         self._publisher: threading.Thread | None = None
         self._next_poll = 0.0
@@ -311,6 +313,7 @@ class _Hub:
         """Take no more publishes, send those queued, and stop publishing; wait up to
         ``timeout`` seconds for that (the subscriber is told to stop, not awaited)."""
         self.stopped = True
+        self._flush_until = time.monotonic() + _FLUSH_SECONDS
         self._stop.set()
         self._jobs.put(_STOP)
         thread = self._publisher
@@ -343,6 +346,8 @@ class _Hub:
             slot = self._jobs.get()
             if slot is _STOP:  # queued after every job it must not drop
                 return
+            if self._stop.is_set() and time.monotonic() > self._flush_until:
+                return  # Redis too slow to take the rest: stop is bounded, the rest is lost
             with self._pending_lock:
                 job = self._pending.pop(slot, None)
             try:
@@ -463,6 +468,8 @@ if hasattr(os, "register_at_fork"):  # pragma: no branch
 
 #: How long an exiting process waits, in all, to send the trips and closes it queued.
 _EXIT_FLUSH_SECONDS = 1.0
+#: How long a stopping publisher goes on sending what was queued (Redis slow or down).
+_FLUSH_SECONDS = 1.0
 
 
 def _flush_at_exit() -> None:
