@@ -1045,14 +1045,17 @@ def test_a_breaker_built_before_a_fork_keeps_sharing_in_the_child(fleet: Fleet) 
     parent = fleet.add(open_for=30.0)
     assert parent.shared is not None
     heard = opened_event(parent)
-    child = multiprocessing.get_context("fork").Process(
-        target=_trip_after_fork, args=(parent, parent.shared.origin)
-    )
-    child.start()
-    child.join(30)
-    assert child.exitcode == 0
+    assert _forked_exit_code(_trip_after_fork, parent, parent.shared.origin) == 0
     assert heard.wait(5)
     assert parent.state is CircuitState.OPEN
+
+
+def _forked_exit_code(target: Any, *args: Any) -> int | None:
+    """Run ``target(*args)`` in a forked child; its exit code (None: still running at 60 s)."""
+    child = multiprocessing.get_context("fork").Process(target=target, args=args)
+    child.start()
+    child.join(60)
+    return child.exitcode
 
 
 def test_a_trip_just_before_leaving_the_fleet_still_reaches_it(fleet: Fleet) -> None:
@@ -1104,12 +1107,7 @@ def test_a_process_that_trips_and_exits_at_once_tells_the_fleet(
         )
         assert done.returncode == 0
     else:
-        child = multiprocessing.get_context("fork").Process(
-            target=_trip_and_return, args=(redis_server.url,)
-        )
-        child.start()
-        child.join(60)
-        assert child.exitcode == 0
+        assert _forked_exit_code(_trip_and_return, redis_server.url) == 0
     assert heard.wait(5)
     assert staying.state is CircuitState.OPEN
 
