@@ -1183,10 +1183,7 @@ def test_a_forked_child_does_not_report_its_parents_unsent_trips(
     too (as its own report, under its own identity) counted twice toward a quorum."""
     parent = fleet.add(open_for=30.0)
     trip_while_redis_is_down(parent, redis_server)
-    child = multiprocessing.get_context("fork").Process(target=_report_unsent, args=(parent,))
-    child.start()
-    child.join(30)
-    assert child.exitcode == 0  # nothing of the parent's to send
+    assert _forked_exit_code(_report_unsent, parent) == 0  # nothing of the parent's to send
 
 
 @pytest.mark.anyio
