@@ -6,7 +6,7 @@ import inspect
 import reprlib
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any, Generic, ParamSpec, TypeVar, overload
+from typing import Any, Generic, Never, ParamSpec, TypeVar, overload
 
 from ._clock import Clock
 from ._events import FallbackUsed
@@ -49,7 +49,9 @@ class Fallback(PolicyBase, Generic[R]):
 
     Typed: ``Fallback[R]`` turns a function returning ``T`` into one returning
     ``T | R`` (``R`` is the value's type, or what the callable returns or its
-    coroutine gives). Inside a :class:`Pipeline` the return type stays ``T``.
+    coroutine gives; a handler may type its argument as narrowly as ``on`` allows,
+    ``def degraded(exc: rs.RateLimited) -> str``). Inside a :class:`Pipeline` the
+    return type stays ``T``.
 
     Example::
 
@@ -61,7 +63,7 @@ class Fallback(PolicyBase, Generic[R]):
     @overload
     def __init__(
         self: Fallback[R],
-        value_or_callable: Callable[[Exception], Awaitable[R]],
+        value_or_callable: Callable[[Never], Awaitable[R]],
         *,
         on: ExceptionFilter = ...,
         clock: Clock | None = ...,
@@ -79,7 +81,7 @@ class Fallback(PolicyBase, Generic[R]):
     @overload
     def __init__(
         self: Fallback[R],
-        value_or_callable: Callable[[Exception], R],
+        value_or_callable: Callable[[Never], R],
         *,
         on: ExceptionFilter = ...,
         clock: Clock | None = ...,

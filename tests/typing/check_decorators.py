@@ -76,7 +76,29 @@ async def count(text: str) -> int:
     return len(text)
 
 
+def busy(exc: rs.RateLimited) -> str:
+    return f"busy, retry in {exc.retry_after}"
+
+
+async def busy_later(exc: rs.Rejected) -> bytes:
+    return b"busy"
+
+
+@rs.Fallback(busy, on=rs.RateLimited)
+def limited(key: str) -> int:
+    return len(key)
+
+
+@rs.Fallback(busy_later)
+async def limited_later(key: str) -> int:
+    return len(key)
+
+
 async def fallbacks_widen_the_return_type() -> None:
+    # A handler typed for the errors it is given (narrower than Exception) is a
+    # handler, not a value (it was typed as returning itself).
+    assert_type(limited("k"), int | str)
+    assert_type(await limited_later("k"), int | bytes)
     # The degraded value is part of what the caller gets: T | R.
     assert_type(lookup("k"), int | None)
     assert_type(await count("t"), int | str)
