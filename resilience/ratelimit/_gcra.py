@@ -46,7 +46,7 @@ class Decision(NamedTuple):
 
         d = limiter.try_acquire(key="alice")
         if not d:
-            return Response(status=429, headers={"Retry-After": str(math.ceil(d.retry_after))})
+            return Response(status_code=429, headers={"Retry-After": str(math.ceil(d.retry_after))})
     """
 
     allowed: bool
