@@ -321,7 +321,9 @@ class Timeout(PolicyBase, ResilienceError, TimeoutError):
         return {k: v for k, v in self.__dict__.items() if k not in own}
 
     def __str__(self) -> str:
-        return str(self.args[0]) if self.args else f"timed out after {self.seconds:g}s"
+        if self.args:
+            return str(self.args[0])
+        return "timed out" if self._limit < 0 else f"timed out after {self.seconds:g}s"
 
     def __repr__(self) -> str:
         if self._limit < 0:

@@ -626,6 +626,9 @@ async def test_a_timeout_built_without_a_limit_is_an_error_only() -> None:
         assert error.seconds == float("inf")
         for twin in (error, pickle.loads(pickle.dumps(error)), copy.copy(error)):
             assert str(twin) == (message or "model too slow")
+        bare = copy.copy(error)
+        bare.args = ()
+        assert str(bare) == "timed out"
         attempts = 0
 
         @rs.Retry(on=rs.Timeout, attempts=2, backoff=[0.0])
