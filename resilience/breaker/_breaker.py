@@ -404,19 +404,21 @@ class CircuitBreaker(PolicyBase):
 
     def _transitioned(self, core: BreakerCore, change: _Change, now: float) -> None:
         old, new, reason, open_for = change
-        if self._observed and not (old is new is CircuitState.CLOSED):  # a window reset
-            self._emit(
-                BreakerStateChanged(
-                    policy=self.name,
-                    key=None if core.key is None else str(core.key),
-                    old=old,  # CircuitState: a str, so == "open" holds too
-                    new=new,
-                    reason=reason,
-                    open_for=open_for,
+        try:
+            if self._observed and not (old is new is CircuitState.CLOSED):  # a window reset
+                self._emit(
+                    BreakerStateChanged(
+                        policy=self.name,
+                        key=None if core.key is None else str(core.key),
+                        old=old,  # CircuitState: a str, so == "open" holds too
+                        new=new,
+                        reason=reason,
+                        open_for=open_for,
+                    )
                 )
-            )
-        if self._shared is not None:
-            self._shared.local_change(core.key, new, reason, open_for, core.trips)
+        finally:  # a listener's BaseException must not keep the change from the fleet
+            if self._shared is not None:
+                self._shared.local_change(core.key, new, reason, open_for, core.trips)
 
     def _rejected(self, core: BreakerCore, retry_after: float | None) -> None:
         if self._observed:
@@ -448,19 +450,21 @@ class CircuitBreaker(PolicyBase):
             if timed
             else ticket.quick_success()
         )
-        if self._observed and core.state is not CircuitState.DISABLED:
-            self._emit(
-                OutcomeRecorded(
-                    policy=self.name,
-                    key=None if core.key is None else str(core.key),
-                    outcome=outcome,
-                    slow=duration is not None and duration > self._config.slow_after,
-                    duration=duration,
-                    exception=exc,
+        try:
+            if self._observed and core.state is not CircuitState.DISABLED:
+                self._emit(
+                    OutcomeRecorded(
+                        policy=self.name,
+                        key=None if core.key is None else str(core.key),
+                        outcome=outcome,
+                        slow=duration is not None and duration > self._config.slow_after,
+                        duration=duration,
+                        exception=exc,
+                    )
                 )
-            )
-        if not quick:
-            core.settle(ticket, outcome, now, duration if timed else None)
+        finally:  # a listener's BaseException must not keep a probe slot taken
+            if not quick:
+                core.settle(ticket, outcome, now, duration if timed else None)
 
     def _failed(
         self, core: BreakerCore, ticket: Ticket, exc: BaseException, start: float | None

@@ -305,14 +305,35 @@ class BreakerCore:
                     return
                 self._reporting = pid
                 changes, self._outbox = self._outbox, []
+            reported = 0
             try:
                 owner = self.owner
                 assert owner is not None  # changes are queued only for an owner
                 for change in changes:
+                    reported += 1
                     owner._transitioned(self, change, now)
+            except BaseException:
+                # A listener's KeyboardInterrupt, say: the changes behind it are
+                # reported by the next flush, in their order.
+                with self._lock:
+                    self._outbox[:0] = changes[reported:]
+                raise
             finally:
                 with self._lock:
                     self._reporting = 0
+
+    def _flush_holding(self, ticket: Ticket | Election | None, now: float) -> None:
+        """:meth:`_flush` for a caller holding a ``ticket`` it has not handed out yet: a
+        listener that raises a BaseException (the others are logged) interrupts the
+        call, and the ticket's probe slot must not stay taken."""
+        try:
+            self._flush(now)
+        except BaseException:
+            if isinstance(ticket, Election):
+                self.election_abandoned(ticket)
+            elif ticket is not None:
+                self.settle(ticket, IGNORE, now)
+            raise
 
     def _reject(self, retry_after: float | None) -> CircuitOpen:
         if self.owner is not None:
@@ -365,7 +386,7 @@ class BreakerCore:
                 if ticket is None:
                     self._rejected.tick()
         if self._outbox:
-            self._flush(now)
+            self._flush_holding(ticket, now)
         if ticket is None:
             raise self._reject(retry_after)
         return ticket
@@ -390,7 +411,7 @@ class BreakerCore:
                     self._move(OPEN, now, "fleet_probe", open_for=wait, remote=True)
                     self._rejected.tick()
         if self._outbox:
-            self._flush(now)
+            self._flush_holding(None if stale or not won else half, now)
         if stale:
             return self.acquire(now)
         if not won:

@@ -1072,3 +1072,62 @@ def test_a_block_left_open_by_an_abandoned_async_generator_keeps_the_pairs_right
     assert breaker.statistics().half_open_in_flight == 0  # both probes settled
     succeed_n(breaker, 3)  # admitted (the generator's probe counted as ignored)
     assert breaker.state is CircuitState.CLOSED
+
+
+class _Interrupt(BaseException):
+    """Stands for KeyboardInterrupt raised inside a listener (pytest would take a real
+    KeyboardInterrupt for the user's Ctrl-C)."""
+
+
+@pytest.mark.parametrize("on", [BreakerStateChanged, OutcomeRecorded])
+def test_a_listener_interrupted_mid_probe_gives_the_probe_slot_back(
+    fake_clock: FakeClock, on: type[rs.Event]
+) -> None:
+    """A listener that raises a BaseException while a half-open probe is admitted or
+    recorded interrupts that call, but the probe slot comes back: the breaker does not
+    stay half-open with a probe out forever."""
+    breaker = CircuitBreaker(consecutive_failures=1, open_for=1, clock=fake_clock)
+    fail_n(breaker, 1)
+    fake_clock.advance(2)
+    armed = [True]
+
+    def listener(event: rs.Event) -> None:
+        if isinstance(event, on) and armed[0]:
+            armed[0] = False
+            raise _Interrupt
+
+    breaker.add_listener(listener)
+    with pytest.raises(_Interrupt), breaker:
+        pass
+    assert not armed[0]  # the listener did interrupt
+    assert breaker.statistics().half_open_in_flight == 0
+    fake_clock.advance(3600)
+    with breaker:  # a new probe is admitted and closes the breaker
+        pass
+    assert breaker.state is CircuitState.CLOSED
+
+
+def test_changes_queued_behind_an_interrupted_listener_are_still_reported(
+    fake_clock: FakeClock,
+) -> None:
+    """A state change whose listener raised a BaseException does not lose the changes
+    queued behind it: the next report delivers them, in their order."""
+    breaker = CircuitBreaker(consecutive_failures=1, open_for=1, clock=fake_clock)
+    seen: list[tuple[str, str]] = []
+
+    def listener(event: rs.Event) -> None:
+        if not isinstance(event, BreakerStateChanged):
+            return
+        seen.append((event.new, event.reason))
+        if event.reason == "consecutive_failures":
+            breaker.close()  # queued behind this report, with the next one
+            breaker.force_open()
+        elif event.new == "closed" and len(seen) == 2:
+            raise _Interrupt
+
+    breaker.add_listener(listener)
+    with pytest.raises(_Interrupt):
+        breaker.call(failing)
+    assert seen == [("open", "consecutive_failures"), ("closed", "manual")]
+    breaker.disable()  # its report delivers the forced open first
+    assert seen[2:] == [("forced_open", "manual"), ("disabled", "manual")]

@@ -161,6 +161,29 @@ def test_a_trip_opens_the_others(fleet: Fleet) -> None:
     assert 0 < caught.value.retry_after <= OPEN_FOR
 
 
+class _Interrupt(BaseException):
+    """Stands for a KeyboardInterrupt raised inside a listener."""
+
+
+def test_a_trip_whose_listener_was_interrupted_still_opens_the_fleet(fleet: Fleet) -> None:
+    """A listener raising a BaseException on a trip interrupts that call, not the news:
+    the other processes still hear the trip."""
+    a, b = fleet.add(), fleet.add()
+    heard = opened_event(b)
+
+    def interrupt(event: rs.Event) -> None:
+        if isinstance(event, BreakerStateChanged):
+            raise _Interrupt
+
+    a.add_listener(interrupt)
+    with pytest.raises(Boom):
+        a.call(boom)
+    with pytest.raises(_Interrupt):
+        a.call(boom)
+    assert a.state is CircuitState.OPEN
+    assert heard.wait(3)
+
+
 def test_breakers_sharing_a_name_and_a_backend_all_hear_the_fleet(
     fleet: Fleet, redis_server: RedisServer
 ) -> None:
