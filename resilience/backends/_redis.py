@@ -19,13 +19,14 @@ Redis backend without it raises ``ImportError`` naming the extra to install.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import functools
 import hashlib
 import os
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .._validate import check_bool, check_number
@@ -44,6 +45,8 @@ _SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ012345678
 #: host): a run is then bounded by ``timeout`` for the handshake plus this, and
 #: ``timeout`` for the command, which is ``RedisBackend.round_trip_bound``.
 _HANDSHAKE_ALLOWANCE = 0.05
+#: Connections an async lane opens at once (see ``_Lane``).
+_MAX_OPENING = 4
 #: Seconds a new async cluster client may take to read the slot map and command table
 #: (in the background; decisions meanwhile go through the sync client).
 _CLUSTER_INIT_BUDGET = 5.0
@@ -617,13 +620,12 @@ class _SyncLane:
 
         # The client's connection class and options, with the backend's bound: socket
         # timeouts = the backend timeout, no retries (whatever the client was built with).
-        options = {
-            **pool.connection_kwargs,
-            "socket_timeout": timeout,
-            "socket_connect_timeout": timeout,
-            "retry": Retry(NoBackoff(), 0),
-        }
-        self._make = functools.partial(pool.connection_class, **options)
+        self._make = _connection_maker(
+            pool,
+            socket_timeout=timeout,
+            socket_connect_timeout=timeout,
+            retry=Retry(NoBackoff(), 0),
+        )
         self._idle: list[Any] = []
         self._pid = os.getpid()
         self._reconnect_errors = (redis.ConnectionError, ConnectionError)
@@ -697,15 +699,26 @@ class _Lane:
     The asyncio twin of :class:`_SyncLane` (one per client, so per event loop): redis-py's
     async pool takes a lock and dispatches events on every checkout. A connection that
     fails or is cancelled mid-command is disconnected and dropped, never reused.
+
+    A caller that finds no idle connection opens one, but at most
+    :data:`_MAX_OPENING` are opened at once: the others wait for a connection that a
+    caller is done with. A handshake costs this event loop about a millisecond of
+    CPU and several round trips, and every handshake of a burst shares the loop: a
+    hundred callers on a cold lane, each opening its own, would all finish their
+    handshakes around the same late moment (past the backend timeout on a small
+    host), while a few connections serve the same hundred commands in a few
+    milliseconds.
     """
 
     __slots__ = (
         "_connect_budget",
         "_idle",
         "_make",
+        "_opening",
         "_reconnect_errors",
         "_response_error",
         "_timeout",
+        "_waiters",
     )
 
     def __init__(self, pool: Any, timeout: float) -> None:
@@ -714,21 +727,25 @@ class _Lane:
         from redis.backoff import NoBackoff
 
         # No read/write timeout (redis.asyncio would add a task per write): each run is
-        # bounded by one asyncio.timeout. A new connection's handshake (HELLO, CLIENT
-        # SETINFO: several round trips) gets a budget of its own, as the sync client's
-        # per-operation socket timeouts give it: inside the run's budget a Redis a few
-        # milliseconds away could never be connected to. Together they stay within
-        # RedisBackend.round_trip_bound (2 x timeout + 0.05 s). No retries.
+        # bounded by one asyncio.timeout. A new connection (or the wait for one) gets a
+        # budget of its own for the handshake (HELLO, CLIENT SETINFO: several round
+        # trips), as the sync client's per-operation socket timeouts give it: inside
+        # the run's budget a Redis a few milliseconds away could never be connected to.
+        # Together they stay within RedisBackend.round_trip_bound (2 x timeout +
+        # 0.05 s). No retries.
         self._timeout = timeout
         self._connect_budget = timeout + _HANDSHAKE_ALLOWANCE
-        options = {
-            **pool.connection_kwargs,
-            "socket_timeout": None,
-            "socket_connect_timeout": timeout,
-            "retry": Retry(NoBackoff(), 0),
-        }
-        self._make = functools.partial(pool.connection_class, **options)
+        self._make = _connection_maker(
+            pool,
+            socket_timeout=None,
+            socket_connect_timeout=timeout,
+            retry=Retry(NoBackoff(), 0),
+        )
         self._idle: list[Any] = []
+        self._opening = 0
+        # Callers waiting for a connection: each future gets one handed over, or None
+        # (an opening failed or a connection was dropped: open one yourself).
+        self._waiters: collections.deque[asyncio.Future[Any]] = collections.deque()
         self._reconnect_errors = (redis.ConnectionError, ConnectionError)
         self._response_error = redis.ResponseError
 
@@ -745,10 +762,13 @@ class _Lane:
         return cls(client.connection_pool, timeout)
 
     async def run(self, script: RedisScript, call: PreparedCall) -> Any:
-        """One script run on an idle (or new) connection, bounded in time."""
+        """One script run on an idle (or new, or handed-over) connection, bounded in time."""
         idle = self._idle
-        reused = bool(idle)
-        conn = idle.pop() if reused else self._make()
+        if idle:
+            conn = idle.pop()
+            reused = True
+        else:
+            conn, reused = await self._connection()
         healthy = False
         try:
             try:
@@ -767,16 +787,64 @@ class _Lane:
             raise
         finally:
             if healthy:
-                idle.append(conn)
+                if self._waiters:
+                    self._hand_over(conn)
+                else:
+                    idle.append(conn)
             else:
+                self._hand_over(None)  # a waiter may open the one this run loses
                 await _drop(conn)
 
+    async def _connection(self) -> tuple[Any, bool]:
+        """A connection for a caller that found none idle, and whether it was used
+        before: handed over by another caller, or opened now (at most
+        :data:`_MAX_OPENING` at once). Waiting and connecting share the handshake
+        budget."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._connect_budget
+        while self._opening >= _MAX_OPENING:
+            waiter: asyncio.Future[Any] = loop.create_future()
+            self._waiters.append(waiter)
+            try:
+                async with asyncio.timeout_at(deadline):
+                    conn = await waiter
+            except BaseException:
+                if waiter.done() and not waiter.cancelled():
+                    self._hand_over(waiter.result())  # handed over as we gave up: pass it on
+                raise
+            if conn is not None:
+                return conn, True
+        conn = self._make()
+        self._opening += 1
+        opened = False
+        conn.socket_timeout = self._timeout  # each handshake read: a paused Redis (its
+        try:  # kernel still accepts connections) fails after one timeout
+            async with asyncio.timeout_at(deadline):
+                await conn.connect()
+            opened = True
+        finally:
+            conn.socket_timeout = None
+            self._opening -= 1
+            if not opened:
+                self._hand_over(None)
+                await _drop(conn)
+        return conn, False
+
+    def _hand_over(self, conn: Any) -> None:
+        """Give ``conn`` (or ``None``: leave to open one) to the longest waiter; a
+        connection nobody waits for goes back to the idle ones."""
+        waiters = self._waiters
+        while waiters:
+            waiter = waiters.popleft()
+            if not waiter.done():  # not given up (cancelled) meanwhile
+                waiter.set_result(conn)
+                return
+        if conn is not None:
+            self._idle.append(conn)
+
     async def _connected_evalsha(self, conn: Any, script: RedisScript, call: PreparedCall) -> Any:
-        if not conn.is_connected:
-            # Each handshake read is bounded by the timeout, as the sync client's socket
-            # timeouts bound it: a paused Redis (its kernel still accepts connections)
-            # fails after one timeout, not after the whole handshake budget.
-            conn.socket_timeout = self._timeout
+        if not conn.is_connected:  # reconnecting a connection the server closed
+            conn.socket_timeout = self._timeout  # (see _connection)
             try:
                 async with asyncio.timeout(self._connect_budget):
                     await conn.connect()
@@ -799,6 +867,23 @@ class _Lane:
         idle, self._idle = self._idle, []
         for conn in idle:
             await _drop(conn)
+
+
+def _connection_maker(pool: Any, **overrides: Any) -> Callable[[], Any]:
+    """Build connections of ``pool``'s class and options, with ``overrides``.
+
+    redis-py 8 looks its own version up (``importlib.metadata``, most of a millisecond)
+    for every connection built without a ``driver_info``: it is looked up once here.
+    """
+    options = {**pool.connection_kwargs, **overrides}
+    if not options.keys() & {"driver_info", "lib_name", "lib_version"}:
+        try:
+            from redis.driver_info import resolve_driver_info
+        except ImportError:  # redis-py before 8: no such lookup
+            pass
+        else:
+            options["driver_info"] = resolve_driver_info()
+    return functools.partial(pool.connection_class, **options)
 
 
 async def _drop(conn: Any) -> None:
