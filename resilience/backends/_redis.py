@@ -762,58 +762,77 @@ class _Lane:
         return cls(client.connection_pool, timeout)
 
     async def run(self, script: RedisScript, call: PreparedCall) -> Any:
-        """One script run on an idle (or new, or handed-over) connection, bounded in time."""
+        """One script run on an idle (or new, or handed-over) connection, bounded in time:
+        a wait for the connection and its handshake share one budget (``timeout`` +
+        0.05 s), the command has ``timeout``."""
         idle = self._idle
+        deadline: float | None = None  # the handshake budget's end, once it is needed
         if idle:
             conn = idle.pop()
             reused = True
         else:
-            conn, reused = await self._connection()
+            conn, reused, deadline = await self._connection(deadline)
         healthy = False
         try:
             try:
-                reply = await self._connected_evalsha(conn, script, call)
+                async with asyncio.timeout(self._timeout):
+                    reply = await self._evalsha(conn, script, call)
             except self._reconnect_errors:
                 if not reused:
                     raise
-                # The server closed an idle connection (restart, idle timeout): the
-                # command never ran there. Reconnect once, like redis-py does.
-                await conn.disconnect()
-                reply = await self._connected_evalsha(conn, script, call)
+                # The server closed a connection used before (a restart, CLIENT KILL, its
+                # idle timeout): the command never ran there. Retry once on a connection
+                # got as any other (at most _MAX_OPENING opened at once: after a restart
+                # every caller is here), and drop the idle ones: what closed this one
+                # most likely closed them too.
+                stale, conn = conn, None
+                dead = idle[:]
+                idle.clear()
+                for each in (stale, *dead):
+                    await _drop(each)
+                conn, _, deadline = await self._connection(deadline)
+                async with asyncio.timeout(self._timeout):
+                    reply = await self._evalsha(conn, script, call)
             healthy = True
             return reply
         except self._response_error:
             healthy = True  # a Lua error: the connection is fine
             raise
         finally:
-            if healthy:
-                if self._waiters:
-                    self._hand_over(conn)
+            if conn is not None:  # (None: _connection failed and cleaned up)
+                if healthy:
+                    if self._waiters:
+                        self._hand_over(conn)
+                    else:
+                        idle.append(conn)
                 else:
-                    idle.append(conn)
-            else:
-                self._hand_over(None)  # a waiter may open the one this run loses
-                await _drop(conn)
+                    self._hand_over(None)  # a waiter may open the one this run loses
+                    await _drop(conn)
 
-    async def _connection(self) -> tuple[Any, bool]:
-        """A connection for a caller that found none idle, and whether it was used
-        before: handed over by another caller, or opened now (at most
-        :data:`_MAX_OPENING` at once). Waiting and connecting share the handshake
-        budget."""
+    async def _connection(self, deadline: float | None) -> tuple[Any, bool, float]:
+        """A connection for a caller that found none idle, whether it was used before
+        (handed over by another caller) or opened now (at most :data:`_MAX_OPENING`
+        at once), and the handshake budget's end (``deadline``, if not ``None``),
+        which the wait and the handshake share."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._connect_budget
+        if deadline is None:
+            deadline = loop.time() + self._connect_budget
         while self._opening >= _MAX_OPENING:
             waiter: asyncio.Future[Any] = loop.create_future()
             self._waiters.append(waiter)
+            # One timer handle instead of an asyncio.timeout scope: this wait is on the
+            # path of every caller a burst queues.
+            expiry = loop.call_at(deadline, _expire, waiter)
             try:
-                async with asyncio.timeout_at(deadline):
-                    conn = await waiter
+                conn = await waiter
             except BaseException:
-                if waiter.done() and not waiter.cancelled():
+                if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
                     self._hand_over(waiter.result())  # handed over as we gave up: pass it on
                 raise
+            finally:
+                expiry.cancel()
             if conn is not None:
-                return conn, True
+                return conn, True, deadline
         conn = self._make()
         self._opening += 1
         opened = False
@@ -828,7 +847,7 @@ class _Lane:
             if not opened:
                 self._hand_over(None)
                 await _drop(conn)
-        return conn, False
+        return conn, False, deadline
 
     def _hand_over(self, conn: Any) -> None:
         """Give ``conn`` (or ``None``: leave to open one) to the longest waiter; a
@@ -836,22 +855,11 @@ class _Lane:
         waiters = self._waiters
         while waiters:
             waiter = waiters.popleft()
-            if not waiter.done():  # not given up (cancelled) meanwhile
+            if not waiter.done():  # not given up (cancelled, expired) meanwhile
                 waiter.set_result(conn)
                 return
         if conn is not None:
             self._idle.append(conn)
-
-    async def _connected_evalsha(self, conn: Any, script: RedisScript, call: PreparedCall) -> Any:
-        if not conn.is_connected:  # reconnecting a connection the server closed
-            conn.socket_timeout = self._timeout  # (see _connection)
-            try:
-                async with asyncio.timeout(self._connect_budget):
-                    await conn.connect()
-            finally:
-                conn.socket_timeout = None
-        async with asyncio.timeout(self._timeout):
-            return await self._evalsha(conn, script, call)
 
     @staticmethod
     async def _evalsha(conn: Any, script: RedisScript, call: PreparedCall) -> Any:
@@ -876,14 +884,30 @@ def _connection_maker(pool: Any, **overrides: Any) -> Callable[[], Any]:
     for every connection built without a ``driver_info``: it is looked up once here.
     """
     options = {**pool.connection_kwargs, **overrides}
-    if not options.keys() & {"driver_info", "lib_name", "lib_version"}:
-        try:
-            from redis.driver_info import resolve_driver_info
-        except ImportError:  # redis-py before 8: no such lookup
-            pass
-        else:
-            options["driver_info"] = resolve_driver_info()
-    return functools.partial(pool.connection_class, **options)
+    cls = pool.connection_class
+    if not options.keys() & {"driver_info", "lib_name", "lib_version"} and _takes_driver_info(cls):
+        from redis.driver_info import resolve_driver_info
+
+        options["driver_info"] = resolve_driver_info()
+    return functools.partial(cls, **options)
+
+
+def _takes_driver_info(cls: Any) -> bool:
+    """Whether connections of ``cls`` take ``driver_info=``: redis-py 8's own classes
+    do (a user's subclass may not, and its signature hides behind ``**kwargs``)."""
+    if cls.__module__.partition(".")[0] != "redis":
+        return False
+    try:
+        import redis.driver_info  # noqa: F401 - redis-py before 8 has no such lookup
+    except ImportError:
+        return False
+    return True
+
+
+def _expire(waiter: asyncio.Future[Any]) -> None:
+    """End a wait for a connection that reached its deadline."""
+    if not waiter.done():
+        waiter.set_exception(TimeoutError("no Redis connection within the handshake budget"))
 
 
 async def _drop(conn: Any) -> None:

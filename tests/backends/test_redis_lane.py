@@ -99,3 +99,27 @@ async def test_a_burst_on_a_paused_redis_ends_within_the_round_trip_bound(
         redis_server.resume()
     assert all(isinstance(r, rs.BackendError) for r in results)
     assert elapsed < backend.round_trip_bound + 0.25  # slack for a loaded machine
+
+
+@pytest.mark.anyio
+async def test_connections_the_server_closed_are_replaced_a_few_at_a_time(
+    redis_server: RedisServer,
+) -> None:
+    """After the server closed the lane's idle connections (a restart, CLIENT KILL, its
+    idle timeout), the next burst does not reconnect each of them at once: the first
+    caller to find one closed drops the others, and the burst reconnects as a cold one
+    does, every decision still Redis'."""
+    backend = _backend(redis_server, "lane-killed", 1.0)
+    limiter = _limiter(backend, "killed", "closed")
+    for wave in range(16):  # each burst leaves a few more idle connections behind
+        await asyncio.gather(*(limiter.try_acquire_async(f"w{wave}-{i}") for i in range(100)))
+    idle = _connections(redis_server, "lane-killed")
+    assert idle > 2 * MAX_OPENING
+    with redis.Redis.from_url(redis_server.url) as admin:
+        for client in admin.client_list():
+            if client["name"] == "lane-killed":
+                admin.client_kill_filter(_id=client["id"])
+    decisions = await asyncio.gather(*(limiter.try_acquire_async(f"k{i}") for i in range(200)))
+    assert all(decisions)
+    assert limiter.statistics().backend_errors == 0
+    assert 1 <= _connections(redis_server, "lane-killed") <= 2 * MAX_OPENING
