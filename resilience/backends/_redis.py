@@ -836,8 +836,11 @@ class _Lane:
         conn = self._make()
         self._opening += 1
         opened = False
-        conn.socket_timeout = self._timeout  # each handshake read: a paused Redis (its
-        try:  # kernel still accepts connections) fails after one timeout
+        # Each handshake read is bounded by the timeout, as the sync client's socket
+        # timeouts bound it: a paused Redis (its kernel still accepts connections)
+        # fails after one timeout, not after the whole handshake budget.
+        conn.socket_timeout = self._timeout
+        try:
             async with asyncio.timeout_at(deadline):
                 await conn.connect()
             opened = True
