@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Literal
 
 import pytest
 import redis
@@ -29,7 +30,9 @@ def _connections(server: RedisServer, name: str) -> int:
         return sum(1 for client in admin.client_list() if client["name"] == name)
 
 
-def _limiter(backend: RedisBackend, name: str, mode: str) -> rs.RateLimiter:
+def _limiter(
+    backend: RedisBackend, name: str, mode: Literal["local", "open", "closed"]
+) -> rs.RateLimiter:
     return rs.RateLimiter(
         "100000/s", key=lambda k: k, backend=backend, name=name, on_backend_error=mode
     )
@@ -123,3 +126,38 @@ async def test_connections_the_server_closed_are_replaced_a_few_at_a_time(
     assert all(decisions)
     assert limiter.statistics().backend_errors == 0
     assert 1 <= _connections(redis_server, "lane-killed") <= 2 * MAX_OPENING
+
+
+class _StrictConnection(redis.asyncio.Connection):
+    """A user's connection class that takes only the options it names (no
+    ``driver_info``, which redis-py 8's own classes take)."""
+
+    def __init__(self, *, host: str, port: int, **options: object) -> None:
+        options.pop("driver_info", "absent")  # what a stricter class would refuse
+        assert "driver_info" not in options
+        super().__init__(host=host, port=port, **options)  # type: ignore[arg-type]
+
+
+@pytest.mark.anyio
+async def test_a_users_connection_class_gets_only_its_own_options(
+    redis_server: RedisServer,
+) -> None:
+    """The lane builds connections of the client's own class with the client's own
+    options: a user's class is not handed the ``driver_info`` that saves redis-py's
+    classes a version lookup per connection."""
+    built: list[dict[str, object]] = []
+
+    class Recording(_StrictConnection):
+        def __init__(self, **options: object) -> None:
+            built.append(options)
+            super().__init__(**options)  # type: ignore[arg-type]
+
+    pool = redis.asyncio.ConnectionPool(
+        connection_class=Recording, host="127.0.0.1", port=redis_server.port
+    )
+    client = redis.asyncio.Redis(connection_pool=pool)
+    limiter = _limiter(RedisBackend(async_client=client, timeout=1.0), "strict", "closed")
+    assert await limiter.try_acquire_async("k")
+    assert built
+    assert all("driver_info" not in options for options in built)
+    await client.aclose()
