@@ -175,9 +175,13 @@ class Retry(PolicyBase):
             run.ticket = ticket
         run.attempt = attempt + 1
         if self._observed:
-            self._emit(
-                RetryScheduled(policy=self.name, attempt=attempt, delay=delay, exception=exc)
-            )
+            try:
+                self._emit(
+                    RetryScheduled(policy=self.name, attempt=attempt, delay=delay, exception=exc)
+                )
+            except BaseException:  # a listener's KeyboardInterrupt: this retry is not made
+                self._refund(run)
+                raise
         if NO_WAIT.get():
             run.skipped += delay
             return 0.0

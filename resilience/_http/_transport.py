@@ -505,11 +505,19 @@ class ResilientTransport(httpx.BaseTransport, httpx.AsyncBaseTransport, Observab
         run.attempt = attempt + 1
         self._retries += 1
         if self._observed:
-            self._emit(
-                RetryScheduled(
-                    policy=self.name, key=str(host.key), attempt=attempt, delay=delay, exception=exc
+            try:
+                self._emit(
+                    RetryScheduled(
+                        policy=self.name,
+                        key=str(host.key),
+                        attempt=attempt,
+                        delay=delay,
+                        exception=exc,
+                    )
                 )
-            )
+            except BaseException:  # a listener's KeyboardInterrupt: this retry is not sent
+                self._unschedule(run)
+                raise
         return 0.0 if NO_WAIT.get() else delay
 
     def _give_up(

@@ -425,10 +425,10 @@ class RateLimiter(PolicyBase):
             polled += delay
             budget -= _wait_us(delay)
         self._admitted += 1
+        if polled or decision.wait > 0:
+            self._waited += 1  # (counted before a listener can interrupt the call)
         if self._listeners or GLOBAL_LISTENERS:
             self._report_admission(key, polled + decision.wait)
-        if polled or decision.wait > 0:
-            self._waited += 1
         if decision.wait > 0:
             self._clock.sleep(decision.wait)
         return decision
@@ -462,10 +462,10 @@ class RateLimiter(PolicyBase):
             polled += delay
             budget -= _wait_us(delay)
         self._admitted += 1
+        if polled or decision.wait > 0:
+            self._waited += 1  # (counted before a listener can interrupt the call)
         if self._listeners or GLOBAL_LISTENERS:
             self._report_admission(key, polled + decision.wait)
-        if polled or decision.wait > 0:
-            self._waited += 1
         if decision.wait > 0:
             await self._clock.sleep_async(decision.wait)
         return decision
@@ -494,10 +494,11 @@ class RateLimiter(PolicyBase):
             wait = admit(key, 1, self._max_wait_us and self._budget_us(None))
             if wait < 0:
                 raise self._refused(key, -wait)
+            if wait:
+                self._waited += 1  # (counted before a listener can interrupt the call)
             if self._listeners or GLOBAL_LISTENERS:
                 self._report_admission(key, wait)
             if wait:
-                self._waited += 1
                 self._clock.sleep(wait)
             return fn(*args, **kwargs)
         self.acquire(key)
@@ -523,10 +524,11 @@ class RateLimiter(PolicyBase):
             wait = admit(key, 1, self._max_wait_us and self._budget_us(None))
             if wait < 0:
                 raise self._refused(key, -wait)
+            if wait:
+                self._waited += 1  # (counted before a listener can interrupt the call)
             if self._listeners or GLOBAL_LISTENERS:
                 self._report_admission(key, wait)
             if wait:
-                self._waited += 1
                 await self._clock.sleep_async(wait)
             return await fn(*args, **kwargs)
         await self.acquire_async(key)

@@ -843,3 +843,41 @@ def test_a_callback_that_raises_keeps_the_failure_that_led_there(broken: str) ->
     with pytest.raises((AttributeError, RuntimeError)) as caught:
         retry.call(call)
     assert isinstance(caught.value.__context__, ConnectionError)
+
+
+class _Interrupt(BaseException):
+    """Stands for a KeyboardInterrupt raised inside a listener."""
+
+
+@pytest.mark.anyio
+async def test_a_retry_a_listener_interrupted_as_it_was_scheduled_is_not_paid_for() -> None:
+    """A listener raising a BaseException on RetryScheduled ends the call before the
+    retry is sent: the retry goes back to the budget, as a backoff cancelled does."""
+    for shell in ("sync", "async"):
+        clock = FakeClock()
+        budget = rs.RetryBudget(ratio=0.0, min_per_second=1.0, window=10.0, clock=clock)
+        retry = rs.Retry(on=ConnectionError, attempts=3, budget=budget, clock=clock)
+
+        def interrupt(event: rs.Event) -> None:
+            if isinstance(event, rs.RetryScheduled):
+                raise _Interrupt
+
+        retry.add_listener(interrupt)
+        calls: list[int] = []
+
+        def down() -> None:
+            calls.append(1)
+            raise ConnectionError
+
+        async def down_async() -> None:
+            down()
+
+        if shell == "sync":
+            with pytest.raises(_Interrupt):
+                retry.call(down)
+        else:
+            with pytest.raises(_Interrupt):
+                await retry.call_async(down_async)
+        assert len(calls) == 1
+        assert budget.statistics().retries == 0
+        assert retry.statistics().retries == 0

@@ -1269,3 +1269,33 @@ def test_errors_of_a_retried_request_are_freed_without_the_collector(case: str) 
         assert [ref for ref in refs if ref() is not None] == []
     finally:
         gc.enable()
+
+
+class _Interrupt(BaseException):
+    """Stands for a KeyboardInterrupt raised inside a listener."""
+
+
+def test_a_retry_a_listener_interrupted_as_it_was_scheduled_is_not_paid_for() -> None:
+    """A listener raising a BaseException on RetryScheduled ends the request before
+    the retry is sent: neither counted nor paid for, as a retry cancelled in its
+    backoff."""
+    clock = FakeClock()
+    budget = rs.RetryBudget(ratio=0.0, min_per_second=1.0, window=10.0, clock=clock)
+    sent: list[httpx.Request] = []
+
+    def upstream(request: httpx.Request) -> httpx.Response:
+        sent.append(request)
+        return httpx.Response(503)
+
+    t = ResilientTransport(httpx.MockTransport(upstream), attempts=3, budget=budget, clock=clock)
+
+    def interrupt(event: rs.Event) -> None:
+        if isinstance(event, rs.RetryScheduled):
+            raise _Interrupt
+
+    t.add_listener(interrupt)
+    with httpx.Client(transport=t) as client, pytest.raises(_Interrupt):
+        client.get(A)
+    assert len(sent) == 1
+    assert budget.statistics().retries == 0
+    assert t.statistics().retries == 0

@@ -470,3 +470,29 @@ def test_peeks_are_neither_admissions_nor_refusals() -> None:
     assert (limiter.statistics().admitted, limiter.statistics().rejected) == (0, 0)
     assert (window.statistics().admitted, window.statistics().rejected) == (1, 0)
     assert [type(e).__name__ for e in events] == ["CallAdmitted"]
+
+
+class _Interrupt(BaseException):
+    """Stands for a KeyboardInterrupt raised inside a listener."""
+
+
+def test_a_reservation_a_listener_interrupted_is_still_counted_as_waited() -> None:
+    """A listener raising a BaseException on the admission of a booked reservation
+    ends the call; the reservation stays booked (tokens are spent when taken, as a
+    backoff interrupted mid-sleep also leaves them), and the statistics say so: the
+    call counts as admitted and as waited."""
+    clock = FakeClock()
+    limiter = rs.RateLimiter("1/s", max_wait=5.0, clock=clock)
+
+    def interrupt(event: rs.Event) -> None:
+        if isinstance(event, rs.CallAdmitted) and event.waited > 0:
+            raise _Interrupt
+
+    limiter.add_listener(interrupt)
+    for run in (limiter.acquire, lambda: limiter.call(int)):
+        limiter.acquire()  # takes the burst
+        with pytest.raises(_Interrupt):
+            run()  # books the next token, 1 s ahead
+        clock.advance(5)
+    stats = limiter.statistics()
+    assert (stats.admitted, stats.waited) == (4, 2)
