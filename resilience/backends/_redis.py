@@ -711,6 +711,7 @@ class _Lane:
     """
 
     __slots__ = (
+        "_closed",
         "_connect_budget",
         "_idle",
         "_make",
@@ -742,6 +743,7 @@ class _Lane:
             retry=Retry(NoBackoff(), 0),
         )
         self._idle: list[Any] = []
+        self._closed = False
         self._opening = 0
         # Callers waiting for a connection: each future gets one handed over, or None
         # (an opening failed or a connection was dropped: open one yourself).
@@ -800,7 +802,7 @@ class _Lane:
             raise
         finally:
             if conn is not None:  # (None: _connection failed and cleaned up)
-                if healthy:
+                if healthy and not self._closed:
                     if self._waiters:
                         self._hand_over(conn)
                     else:
@@ -874,7 +876,9 @@ class _Lane:
             return await conn.read_response()
 
     async def close(self) -> None:
-        """Disconnect the idle connections."""
+        """Disconnect the idle connections; those in use are disconnected as their
+        commands end."""
+        self._closed = True
         idle, self._idle = self._idle, []
         for conn in idle:
             await _drop(conn)
