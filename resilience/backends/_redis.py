@@ -808,8 +808,7 @@ class _Lane:
                     else:
                         idle.append(conn)
                 else:
-                    self._hand_over(None)  # a waiter may open the one this run loses
-                    await _drop(conn)
+                    await self._lose(conn)
 
     async def _connection(self, deadline: float | None) -> tuple[Any, bool, float]:
         """A connection for a caller that found none idle, whether it was used before
@@ -850,9 +849,14 @@ class _Lane:
             conn.socket_timeout = None
             self._opening -= 1
             if not opened:
-                self._hand_over(None)
-                await _drop(conn)
+                await self._lose(conn)
         return conn, False, deadline
+
+    async def _lose(self, conn: Any) -> None:
+        """Drop a connection that failed (or outlived its lane): a waiter may open the
+        one this lane loses."""
+        self._hand_over(None)
+        await _drop(conn)
 
     def _hand_over(self, conn: Any) -> None:
         """Give ``conn`` (or ``None``: leave to open one) to the longest waiter; a
@@ -888,27 +892,23 @@ def _connection_maker(pool: Any, **overrides: Any) -> Callable[[], Any]:
     """Build connections of ``pool``'s class and options, with ``overrides``.
 
     redis-py 8 looks its own version up (``importlib.metadata``, most of a millisecond)
-    for every connection built without a ``driver_info``: it is looked up once here.
+    for every connection built without a ``driver_info``: for redis-py's own classes
+    it is looked up once here (a user's subclass may not take ``driver_info``, and
+    its signature hides that behind ``**kwargs``).
     """
     options = {**pool.connection_kwargs, **overrides}
     cls = pool.connection_class
-    if not options.keys() & {"driver_info", "lib_name", "lib_version"} and _takes_driver_info(cls):
-        from redis.driver_info import resolve_driver_info
-
-        options["driver_info"] = resolve_driver_info()
+    if (
+        not options.keys() & {"driver_info", "lib_name", "lib_version"}
+        and cls.__module__.partition(".")[0] == "redis"
+    ):
+        try:
+            from redis.driver_info import resolve_driver_info
+        except ImportError:  # redis-py before 8: no such lookup
+            pass
+        else:
+            options["driver_info"] = resolve_driver_info()
     return functools.partial(cls, **options)
-
-
-def _takes_driver_info(cls: Any) -> bool:
-    """Whether connections of ``cls`` take ``driver_info=``: redis-py 8's own classes
-    do (a user's subclass may not, and its signature hides behind ``**kwargs``)."""
-    if cls.__module__.partition(".")[0] != "redis":
-        return False
-    try:
-        import redis.driver_info  # noqa: F401 - redis-py before 8 has no such lookup
-    except ImportError:
-        return False
-    return True
 
 
 def _expire(waiter: asyncio.Future[Any]) -> None:
