@@ -828,7 +828,13 @@ class _Lane:
                 conn = await waiter
             except BaseException:
                 if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
-                    self._hand_over(waiter.result())  # handed over as we gave up: pass it on
+                    # Handed over as we gave up: pass it on, unless the lane was closed
+                    # meanwhile (its idle list is no longer closed by anyone).
+                    handed = waiter.result()
+                    if handed is not None and self._closed:
+                        await self._lose(handed)
+                    else:
+                        self._hand_over(handed)
                 raise
             finally:
                 expiry.cancel()

@@ -193,3 +193,33 @@ async def test_aclose_closes_even_a_connection_in_use(redis_server: RedisServer)
             break
         await asyncio.sleep(0.01)
     assert _connections(redis_server, "lane-aclose") == 0
+
+
+@pytest.mark.anyio
+async def test_a_connection_handed_to_a_caller_giving_up_after_aclose_is_closed(
+    redis_server: RedisServer,
+) -> None:
+    """A connection handed to a waiting caller in the same loop step as the backend is
+    closed and that caller is cancelled is closed, not parked in the closed lane's idle
+    list (nobody would close it: redis-py warned "unclosed Connection" at collection).
+
+    White-box: the three events must land in one loop step, which no public call can
+    arrange on purpose, so the lane is driven directly."""
+    from resilience.backends._redis import _MAX_OPENING, _Lane
+
+    client = redis.asyncio.Redis.from_url(redis_server.url)
+    lane = _Lane.for_client(client, 1.0)
+    assert lane is not None
+    lane._opening = _MAX_OPENING  # four openings under way: the next caller waits
+    waiting = asyncio.ensure_future(lane._connection(None))
+    await asyncio.sleep(0)
+    conn = lane._make()
+    await conn.connect()
+    lane._hand_over(conn)  # the waiter's future holds conn now
+    await lane.close()
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert lane._idle == []
+    assert not conn.is_connected
+    await client.aclose()
