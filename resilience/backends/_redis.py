@@ -31,6 +31,7 @@ from typing import Any
 
 from .._validate import check_bool, check_number
 from ..errors import BackendError, ConfigurationError
+from . import _reply_first as reply_first
 
 __all__ = ["PreparedCall", "RedisBackend", "RedisScript", "require_redis"]
 
@@ -768,6 +769,7 @@ class _Lane:
         a wait for the connection and its handshake share one budget (``timeout`` +
         0.05 s), the command has ``timeout``."""
         idle = self._idle
+        loop = asyncio.get_running_loop()
         deadline: float | None = None  # the handshake budget's end, once it is needed
         if idle:
             conn = idle.pop()
@@ -777,8 +779,9 @@ class _Lane:
         healthy = False
         try:
             try:
-                async with asyncio.timeout(self._timeout):
-                    reply = await self._evalsha(conn, script, call)
+                reply = await reply_first.wait_until(
+                    self._evalsha(conn, script, call), loop.time() + self._timeout
+                )
             except self._reconnect_errors:
                 if not reused:
                     raise
@@ -793,8 +796,9 @@ class _Lane:
                 for each in (stale, *dead):
                     await _drop(each)
                 conn, _, deadline = await self._connection(deadline)
-                async with asyncio.timeout(self._timeout):
-                    reply = await self._evalsha(conn, script, call)
+                reply = await reply_first.wait_until(
+                    self._evalsha(conn, script, call), loop.time() + self._timeout
+                )
             healthy = True
             return reply
         except self._response_error:
@@ -823,7 +827,7 @@ class _Lane:
             self._waiters.append(waiter)
             # One timer handle instead of an asyncio.timeout scope: this wait is on the
             # path of every caller a burst queues.
-            expiry = loop.call_at(deadline, _expire, waiter)
+            expiry = reply_first.fail_at(loop, deadline, waiter)
             try:
                 conn = await waiter
             except BaseException:
@@ -848,8 +852,7 @@ class _Lane:
         # fails after one timeout, not after the whole handshake budget.
         conn.socket_timeout = self._timeout
         try:
-            async with asyncio.timeout_at(deadline):
-                await conn.connect()
+            await reply_first.wait_until(conn.connect(), deadline)
             opened = True
         finally:
             conn.socket_timeout = None
@@ -915,12 +918,6 @@ def _connection_maker(pool: Any, **overrides: Any) -> Callable[[], Any]:
         else:
             options["driver_info"] = resolve_driver_info()
     return functools.partial(cls, **options)
-
-
-def _expire(waiter: asyncio.Future[Any]) -> None:
-    """End a wait for a connection that reached its deadline."""
-    if not waiter.done():
-        waiter.set_exception(TimeoutError("no Redis connection within the handshake budget"))
 
 
 async def _drop(conn: Any) -> None:
