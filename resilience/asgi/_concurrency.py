@@ -12,7 +12,7 @@ import anyio
 from anyio.abc import TaskGroup
 
 from .._clock import Clock
-from .._events import GLOBAL_LISTENERS, Listener
+from .._events import GLOBAL_LISTENERS, CallRejected, Listener
 from .._validate import (
     check_bool,
     check_callable,
@@ -30,6 +30,7 @@ from ._base import Observed
 from ._events import RequestAdmitted, RequestCompleted
 from ._headers import retry_after_value
 from ._keys import KeyFunction, _as_key, cached_digest, keyed_scope, scope_app_of
+from ._lag import LoopLag
 from ._problem import REDUCED_CAPACITY, Problem
 from ._rules import UNSET, Matcher, Rule, path_predicate, route_path
 from ._types import (
@@ -267,6 +268,15 @@ class ConcurrencyLimitMiddleware(Observed):
     :attr:`abandoned`). Websocket and lifespan scopes pass through unless a rule names
     them.
 
+    ``max_loop_lag`` (seconds, default ``None``: off) also sheds by time: while the
+    event loop runs what is due more than that late (the server is behind on the
+    requests it already has: a slower machine, costlier requests), every request that
+    is not exempt is refused at once with the same 503, counted in :attr:`shed` and
+    :attr:`shed_by_lag`. The lag is measured by a timer every ``max_loop_lag / 2``
+    (5 to 100 ms) while requests come, and by how overdue that timer is, so a request
+    served right after a stall sees it. asyncio (uvloop included) only; on trio it is
+    not measured.
+
     Example::
 
         bulkhead = rs.Bulkhead(64, max_wait=0.5)
@@ -284,8 +294,11 @@ class ConcurrencyLimitMiddleware(Observed):
         "_exempt_path",
         "_exempt_when",
         "_hash",
+        "_lag",
+        "_lagging_problem",
         "_listeners",
         "_match",
+        "_max_loop_lag",
         "_plans",
         "_problem",
         "_scope_app",
@@ -295,6 +308,7 @@ class ConcurrencyLimitMiddleware(Observed):
         "name",
         "retry_after",
         "shed",
+        "shed_by_lag",
     )
 
     def __init__(
@@ -311,6 +325,7 @@ class ConcurrencyLimitMiddleware(Observed):
         exempt_when: Callable[[Scope], bool] | None = None,
         rules: Iterable[Rule] = (),
         hash_keys: bool = True,
+        max_loop_lag: float | None = None,
         clock: Clock | None = None,
         name: str = "ConcurrencyLimitMiddleware",
     ) -> None:
@@ -324,6 +339,10 @@ class ConcurrencyLimitMiddleware(Observed):
         self.retry_after: float = check_number("retry_after", retry_after)
         self._exempt_path = path_predicate(exempt)
         self._exempt_when = check_predicate("exempt_when", exempt_when)
+        self._max_loop_lag: float | None = check_number(
+            "max_loop_lag", max_loop_lag, strict=True, allow_none=True
+        )
+        self._lag: LoopLag | None = None  # the probe of the loop requests run on
         # One queue per bulkhead, whichever rules share it.
         queues: dict[int, tuple[Any, _Queue]] = {}
 
@@ -359,8 +378,16 @@ class ConcurrencyLimitMiddleware(Observed):
             "Service capacity temporarily reduced",
             detail="too many requests in flight; retry later",
         )
-        #: Requests refused with 503 so far.
+        self._lagging_problem = Problem(
+            503,
+            REDUCED_CAPACITY,
+            "Service capacity temporarily reduced",
+            detail="the server is behind on the requests it has; retry later",
+        )
+        #: Requests refused with 503 so far (those of :attr:`shed_by_lag` included).
         self.shed = 0
+        #: Requests refused with 503 because the event loop lagged (``max_loop_lag``).
+        self.shed_by_lag = 0
         #: Requests whose client left while they waited in the queue (never run).
         self.abandoned = 0
 
@@ -375,7 +402,30 @@ class ConcurrencyLimitMiddleware(Observed):
         parts = [f"bulkhead={self._default.policy!r}"]
         if self._match is not None:
             parts.append(f"rules={len(self._plans)}")
+        if self._max_loop_lag is not None:
+            parts.append(f"max_loop_lag={self._max_loop_lag!r}")
         return parts
+
+    def _lagging(self, bound: float) -> bool:
+        """Whether the event loop lags past ``bound`` now (asyncio only)."""
+        loop = asyncio._get_running_loop()
+        if loop is None:  # trio: no loop of asyncio's to measure
+            return False
+        lag = self._lag
+        if lag is None or lag._loop is not loop:
+            lag = self._lag = LoopLag(loop, bound)
+        return lag.current() > bound
+
+    async def _shed(
+        self, scope: Scope, receive: Receive, send: Send, retry_after: float, problem: Problem
+    ) -> None:
+        """Refuse a request: 503 (a websocket: close 1013), ``Retry-After``, problem body."""
+        self.shed += 1
+        headers = [(b"retry-after", retry_after_value(retry_after))]
+        if scope["type"] == "http":
+            await problem.send(send, headers)
+        else:
+            await problem.send_websocket(send, scope, 1013, headers, receive)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -412,6 +462,12 @@ class ConcurrencyLimitMiddleware(Observed):
             else _check_priority("priority", plan.priority_fn(keyed))
         )
         observed = bool(GLOBAL_LISTENERS or self._listeners)
+        if self._max_loop_lag is not None and self._lagging(self._max_loop_lag):
+            self.shed_by_lag += 1
+            if observed:
+                self._emit(CallRejected(policy=self.name, key=key, retry_after=self.retry_after))
+            await self._shed(scope, receive, send, self.retry_after, self._lagging_problem)
+            return
         started = self._clock.monotonic() if observed else 0.0
         try:
             watch = kind == "http" and not _expects_continue(scope)
@@ -430,15 +486,9 @@ class ConcurrencyLimitMiddleware(Observed):
                 error = Timeout(cut[1])
                 error.args = ("the request's deadline ran out while it waited for a slot",)
                 raise error from exc
-            self.shed += 1
             hint = getattr(exc, "retry_after", None)
-            headers = [
-                (b"retry-after", retry_after_value(self.retry_after if hint is None else hint))
-            ]
-            if kind == "http":
-                await self._problem.send(send, headers)
-            else:
-                await self._problem.send_websocket(send, scope, 1013, headers, receive)
+            retry_after = self.retry_after if hint is None else hint
+            await self._shed(scope, receive, send, retry_after, self._problem)
             return
         if admission is None:  # the client left while its request waited: nobody to answer
             self.abandoned += 1
