@@ -8,11 +8,12 @@ and the due timer, and the timer cancels the call before the reply is read. The 
 then counts as a Redis failure although Redis answered in time.
 
 :func:`wait_until` is ``asyncio.timeout_at`` around one await with that case taken
-out: at the deadline they let the loop run a few more queued callbacks before
-they cancel. An asyncio pass runs the callbacks of the sockets it found readable
-before the due timers, so what had arrived is delivered to the waiting call, which
-ends the scope first. A reply that had not arrived times out those few passes later,
-microseconds on a loop that is not stalled.
+out: at the deadline it lets the loop run a few more queued callbacks before it
+cancels. An asyncio pass runs the callbacks of the sockets it found readable before
+the due timers, so what had arrived is delivered to the waiting call, which returns
+first. A reply that had not arrived times out those few passes later, microseconds on
+a loop that is not stalled. :func:`fail_at` does the same for a future another call
+resolves (a connection handed over by a caller whose reply came in).
 """
 
 from __future__ import annotations
