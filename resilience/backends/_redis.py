@@ -728,13 +728,13 @@ class _Lane:
         from redis.asyncio.retry import Retry
         from redis.backoff import NoBackoff
 
-        # No read/write timeout (redis.asyncio would add a task per write): each run is
-        # bounded by one asyncio.timeout. A new connection (or the wait for one) gets a
-        # budget of its own for the handshake (HELLO, CLIENT SETINFO: several round
-        # trips), as the sync client's per-operation socket timeouts give it: inside
-        # the run's budget a Redis a few milliseconds away could never be connected to.
-        # Together they stay within RedisBackend.round_trip_bound (2 x timeout +
-        # 0.05 s). No retries.
+        # No read/write timeout (redis.asyncio would add a task per write): each command
+        # is bounded by one timer (reply_first.wait_until). A new connection (or the
+        # wait for one) gets a budget of its own for the handshake (HELLO, CLIENT
+        # SETINFO: several round trips), as the sync client's per-operation socket
+        # timeouts give it: inside the run's budget a Redis a few milliseconds away
+        # could never be connected to. Together they stay within
+        # RedisBackend.round_trip_bound (2 x timeout + 0.05 s). No retries.
         self._timeout = timeout
         self._connect_budget = timeout + _HANDSHAKE_ALLOWANCE
         self._make = _connection_maker(
@@ -770,6 +770,7 @@ class _Lane:
         0.05 s), the command has ``timeout``."""
         idle = self._idle
         loop = asyncio.get_running_loop()
+        started = loop.time()
         deadline: float | None = None  # the handshake budget's end, once it is needed
         if idle:
             conn = idle.pop()
@@ -795,7 +796,10 @@ class _Lane:
                 idle.clear()
                 for each in (stale, *dead):
                     await _drop(each)
-                conn, _, deadline = await self._connection(deadline)
+                # The budget counts from the run's start: the failed command took some
+                # of it (at most its timeout), so the run stays within the round-trip
+                # bound (2 x timeout + 0.05 s).
+                conn, _, deadline = await self._connection(started + self._connect_budget)
                 reply = await reply_first.wait_until(
                     self._evalsha(conn, script, call), loop.time() + self._timeout
                 )
@@ -825,8 +829,8 @@ class _Lane:
         while self._opening >= _MAX_OPENING:
             waiter: asyncio.Future[Any] = loop.create_future()
             self._waiters.append(waiter)
-            # One timer handle instead of an asyncio.timeout scope: this wait is on the
-            # path of every caller a burst queues.
+            # A timer handle (reply_first.fail_at) instead of a timeout scope: this wait
+            # is on the path of every caller a burst queues.
             expiry = reply_first.fail_at(loop, deadline, waiter)
             try:
                 conn = await waiter

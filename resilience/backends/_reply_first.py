@@ -8,12 +8,13 @@ and the due timer, and the timer cancels the call before the reply is read. The 
 then counts as a Redis failure although Redis answered in time.
 
 :func:`wait_until` is ``asyncio.timeout_at`` around one await with that case taken
-out: at the deadline it lets the loop run a few more queued callbacks before it
-cancels. An asyncio pass runs the callbacks of the sockets it found readable before
-the due timers, so what had arrived is delivered to the waiting call, which returns
-first. A reply that had not arrived times out those few passes later, microseconds on
-a loop that is not stalled. :func:`fail_at` does the same for a future another call
-resolves (a connection handed over by a caller whose reply came in).
+out. An asyncio pass runs the callbacks of the sockets it found readable before the
+due timers, so by the time the deadline's timer runs, a reply that had arrived has
+already resolved what the call waits for, and the call is due to resume: the timer
+then lets the loop make one more pass, in which the call returns first. A call that
+is not about to resume (no reply) is cancelled at once, as by ``asyncio.timeout_at``.
+:func:`fail_at` does the same for a future another call resolves (a connection
+handed over by a caller whose reply came in), waiting one pass in any case.
 """
 
 from __future__ import annotations
@@ -26,16 +27,15 @@ __all__ = ["fail_at", "wait_until"]
 
 T = TypeVar("T")
 
-#: Callbacks queued one after the other between the deadline and the cancellation (see
-#: the module docstring). One is enough on asyncio and, as tested, on uvloop; the two
-#: others are a margin for a loop that runs its due timers before it polls the sockets
-#: (as libuv does), where what it reads queues behind the callbacks already queued.
-_PASSES = 3
+#: Passes of the loop a timer waits past its deadline for a call about to resume (see
+#: the module docstring): one is enough on asyncio and, as tested, on uvloop.
+_PASSES = 1
 
 
 class _Expiry:
-    """The timer of :func:`wait_until`: at the deadline it queues itself ``passes`` more
-    times, then cancels the task."""
+    """The timer of :func:`wait_until`: at the deadline it cancels the task, unless what
+    the task waits for is done (a reply came in, the task resumes next): it then looks
+    again after a pass of the loop (at most :data:`_PASSES` times)."""
 
     __slots__ = ("fired", "handle", "left", "loop", "task")
 
@@ -47,7 +47,10 @@ class _Expiry:
         self.handle: asyncio.Handle = loop.call_at(when, self)
 
     def __call__(self) -> None:
-        if self.left > 0:
+        # The future the task is suspended on (asyncio's Task, C or Python, and so
+        # uvloop's): done means the task's next step is queued.
+        waiting_on = getattr(self.task, "_fut_waiter", None)
+        if self.left > 0 and waiting_on is not None and waiting_on.done():
             self.left -= 1
             self.handle = self.loop.call_soon(self)
         else:
@@ -72,7 +75,7 @@ async def wait_until(awaitable: Awaitable[T], when: float) -> T:
         if expiry.fired:
             expiry.fired = False  # (uncancelled here: not again below)
             if task.uncancel() <= cancelling:
-                raise TimeoutError("no Redis reply within the timeout") from None
+                raise TimeoutError("Redis did not answer in time") from None
         raise
     finally:
         expiry.handle.cancel()
@@ -85,7 +88,8 @@ def fail_at(
 ) -> asyncio.TimerHandle:
     """Fail ``waiter`` with :class:`TimeoutError` at ``when`` (loop time), unless it is
     resolved by then or by what the loop had already received (see the module): for a
-    wait on a future that a call reading a reply resolves. Cancel the handle to stop it."""
+    wait on a future that a call reading a reply resolves. Cancelling the handle before
+    ``when`` stops it; after, a resolved waiter is left as it is."""
     return loop.call_at(when, _fail, loop, waiter, _PASSES)
 
 
