@@ -441,7 +441,11 @@ def _http_impl() -> str:
 
 
 def _start_uvicorn(
-    factory: str, *, wrapper: tuple[str, ...] = (), startup_s: float = 15
+    factory: str,
+    *,
+    wrapper: tuple[str, ...] = (),
+    startup_s: float = 15,
+    module: str = "benchmarks.bench_asgi",
 ) -> tuple[subprocess.Popen[bytes], int]:
     port = _free_port()
     root = Path(__file__).resolve().parent.parent
@@ -452,7 +456,7 @@ def _start_uvicorn(
             "-m",
             "uvicorn",
             "--factory",
-            f"benchmarks.bench_asgi:{factory}",
+            f"{module}:{factory}",
             "--host",
             "127.0.0.1",
             "--port",

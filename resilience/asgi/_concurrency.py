@@ -30,7 +30,7 @@ from ._base import Observed
 from ._events import RequestAdmitted, RequestCompleted
 from ._headers import retry_after_value
 from ._keys import KeyFunction, _as_key, cached_digest, keyed_scope, scope_app_of
-from ._lag import LoopLag
+from ._lag import LoopLags
 from ._problem import REDUCED_CAPACITY, Problem
 from ._rules import UNSET, Matcher, Rule, path_predicate, route_path
 from ._types import (
@@ -272,10 +272,10 @@ class ConcurrencyLimitMiddleware(Observed):
     event loop runs what is due more than that late (the server is behind on the
     requests it already has: a slower machine, costlier requests), every request that
     is not exempt is refused at once with the same 503, counted in :attr:`shed` and
-    :attr:`shed_by_lag`. The lag is measured by a timer every ``max_loop_lag / 2``
-    (5 to 100 ms) while requests come, and by how overdue that timer is, so a request
-    served right after a stall sees it. asyncio (uvloop included) only; on trio it is
-    not measured.
+    :attr:`shed_by_lag`. The lag is measured per event loop by a timer every
+    ``max_loop_lag / 2`` (5 to 100 ms), and by how overdue that timer is, so a request
+    served right after a stall sees it; the timer stops after twenty periods without a
+    request. asyncio (uvloop included) only; on trio it is not measured.
 
     Example::
 
@@ -294,8 +294,8 @@ class ConcurrencyLimitMiddleware(Observed):
         "_exempt_path",
         "_exempt_when",
         "_hash",
-        "_lag",
         "_lagging_problem",
+        "_lags",
         "_listeners",
         "_match",
         "_max_loop_lag",
@@ -342,7 +342,7 @@ class ConcurrencyLimitMiddleware(Observed):
         self._max_loop_lag: float | None = check_number(
             "max_loop_lag", max_loop_lag, strict=True, allow_none=True
         )
-        self._lag: LoopLag | None = None  # the probe of the loop requests run on
+        self._lags = None if self._max_loop_lag is None else LoopLags(self._max_loop_lag)
         # One queue per bulkhead, whichever rules share it.
         queues: dict[int, tuple[Any, _Queue]] = {}
 
@@ -406,21 +406,11 @@ class ConcurrencyLimitMiddleware(Observed):
             parts.append(f"max_loop_lag={self._max_loop_lag!r}")
         return parts
 
-    def _lagging(self, bound: float) -> bool:
-        """Whether the event loop lags past ``bound`` now (asyncio only)."""
-        loop = asyncio._get_running_loop()
-        if loop is None:  # trio: no loop of asyncio's to measure
-            return False
-        lag = self._lag
-        if lag is None or lag._loop is not loop:
-            lag = self._lag = LoopLag(loop, bound)
-        return lag.current() > bound
-
-    async def _shed(
-        self, scope: Scope, receive: Receive, send: Send, retry_after: float, problem: Problem
+    @staticmethod
+    async def _refuse(
+        scope: Scope, receive: Receive, send: Send, retry_after: float, problem: Problem
     ) -> None:
         """Refuse a request: 503 (a websocket: close 1013), ``Retry-After``, problem body."""
-        self.shed += 1
         headers = [(b"retry-after", retry_after_value(retry_after))]
         if scope["type"] == "http":
             await problem.send(send, headers)
@@ -462,33 +452,38 @@ class ConcurrencyLimitMiddleware(Observed):
             else _check_priority("priority", plan.priority_fn(keyed))
         )
         observed = bool(GLOBAL_LISTENERS or self._listeners)
-        if self._max_loop_lag is not None and self._lagging(self._max_loop_lag):
-            self.shed_by_lag += 1
-            if observed:
-                self._emit(CallRejected(policy=self.name, key=key, retry_after=self.retry_after))
-            await self._shed(scope, receive, send, self.retry_after, self._lagging_problem)
-            return
+        if self._lags is not None:
+            loop = asyncio._get_running_loop()  # (None on trio: nothing to measure)
+            if loop is not None and self._lags.lagging(loop):
+                if _at_deadline(scope):
+                    # The request's deadline (a TimeoutMiddleware outside) ends now: that
+                    # middleware answers 504 for it, as for a wait for a slot cut there.
+                    raise _deadline_timeout(scope, "the request's deadline ran out")
+                self.shed += 1
+                self.shed_by_lag += 1
+                if observed:
+                    self._emit(
+                        CallRejected(policy=self.name, key=key, retry_after=self.retry_after)
+                    )
+                await self._refuse(scope, receive, send, self.retry_after, self._lagging_problem)
+                return
         started = self._clock.monotonic() if observed else 0.0
         try:
             watch = kind == "http" and not _expects_continue(scope)
             admission = await _admit(plan, key, priority, receive if watch else None)
         except (BulkheadFull, BackendError) as exc:
-            cut = scope.get(DEADLINE)
-            if (
-                cut is not None
-                and isinstance(exc, BulkheadFull)
-                and cut[0].remaining() <= DEADLINE_ECHO
-            ):
+            if isinstance(exc, BulkheadFull) and _at_deadline(scope):
                 # Refused at the deadline of a TimeoutMiddleware outside (a wait clamped
                 # to it ends on its own timer, which may run before the deadline's): it
                 # would drop a 503 this close to its deadline for its 504. A Timeout is
                 # what it answers as its deadline's own: no 503, nothing counted shed.
-                error = Timeout(cut[1])
-                error.args = ("the request's deadline ran out while it waited for a slot",)
-                raise error from exc
+                raise _deadline_timeout(
+                    scope, "the request's deadline ran out while it waited for a slot"
+                ) from exc
+            self.shed += 1
             hint = getattr(exc, "retry_after", None)
             retry_after = self.retry_after if hint is None else hint
-            await self._shed(scope, receive, send, retry_after, self._problem)
+            await self._refuse(scope, receive, send, retry_after, self._problem)
             return
         if admission is None:  # the client left while its request waited: nobody to answer
             self.abandoned += 1
@@ -553,6 +548,20 @@ class ConcurrencyLimitMiddleware(Observed):
                         outcome=outcome,
                     )
                 )
+
+
+def _at_deadline(scope: Scope) -> bool:
+    """Whether the request's deadline, set by a TimeoutMiddleware outside, ends now."""
+    cut = scope.get(DEADLINE)
+    return cut is not None and cut[0].remaining() <= DEADLINE_ECHO
+
+
+def _deadline_timeout(scope: Scope, message: str) -> Timeout:
+    """The error that TimeoutMiddleware outside answers as its own deadline's (504)."""
+    limit = scope[DEADLINE][1]
+    error = Timeout(limit)
+    error.args = (message,)
+    return error
 
 
 async def _admit(

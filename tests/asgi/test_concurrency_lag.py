@@ -79,17 +79,102 @@ async def test_requests_pass_again_once_the_loop_keeps_time(anyio_backend: str) 
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
-async def test_a_stall_on_an_idle_server_is_seen_by_its_next_request(anyio_backend: str) -> None:
-    """No request for a while (the probe stopped: an idle server is not woken), then
-    a stall: the first request after it starts the probe afresh and is admitted (the
-    lag it would see began before anyone asked), the one after the next stall is not."""
+async def test_a_stall_after_a_quiet_spell_is_still_seen(anyio_backend: str) -> None:
+    """A request in flight that waits (on a database, say) with no other request
+    coming, then holds the loop: the requests served after it are shed all the same
+    (the probe kept measuring through the quiet spell)."""
     app = _middleware(max_loop_lag=BOUND)
     assert (await call(app, http_scope())).status == 200
-    await anyio.sleep(0.3)  # several probe periods without a request
+    await anyio.sleep(0.1)  # four probe periods without a request
+    _hold_loop()
+    assert (await call(app, http_scope())).status == 503
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_an_idle_server_stops_measuring_until_the_next_request(anyio_backend: str) -> None:
+    """After twenty periods without a request the probe stops (an idle server is not
+    woken); the next request starts it afresh and, not having seen what came before,
+    is admitted; a stall after that is seen again."""
+    app = _middleware(max_loop_lag=0.01)  # a 5 ms period: idle after 0.1 s
+    assert (await call(app, http_scope())).status == 200
+    await anyio.sleep(0.3)
     _hold_loop()
     assert (await call(app, http_scope())).status == 200
     _hold_loop()
     assert (await call(app, http_scope())).status == 503
+
+
+def test_each_event_loop_has_its_own_probe() -> None:
+    """One middleware serving requests on two event loops (two threads) measures each:
+    a stall on one loop is seen there though the other loop served a request between,
+    and the other loop, which kept time, is not shed."""
+    import asyncio
+    import threading
+
+    app = _middleware(max_loop_lag=BOUND)
+    loops = [asyncio.new_event_loop() for _ in range(2)]
+    threads = [threading.Thread(target=loop.run_forever, daemon=True) for loop in loops]
+    for thread in threads:
+        thread.start()
+
+    async def request(stall: bool) -> int | None:
+        if stall:
+            _hold_loop()
+        return (await call(app, http_scope())).status
+
+    def on(index: int, stall: bool = False) -> int | None:
+        future = asyncio.run_coroutine_threadsafe(request(stall), loops[index])
+        return future.result(timeout=5)
+
+    try:
+        assert [on(0), on(1)] == [200, 200]
+        assert on(0, stall=True) == 503
+        assert on(1) == 200
+    finally:
+        for loop, thread in zip(loops, threads, strict=True):
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(5)
+            loop.close()
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_at_the_deadline_of_a_timeout_outside_it_is_that_timeouts_504(
+    anyio_backend: str,
+) -> None:
+    """A request whose TimeoutMiddleware deadline ran out in the stall is answered with
+    that middleware's 504, not shed with a 503 (nothing counted shed), as for a wait for
+    a slot cut at the deadline."""
+    from resilience.asgi import TimeoutMiddleware
+
+    limited = _middleware(max_loop_lag=BOUND)
+
+    async def stall_then_limited(scope: Any, receive: Any, send: Any) -> None:
+        if scope["path"] == "/stall":
+            _hold_loop()
+        await limited(scope, receive, send)
+
+    app = TimeoutMiddleware(stall_then_limited, seconds=0.1)
+    assert (await call(app, http_scope())).status == 200
+    assert (await call(app, http_scope("/stall"))).status == 504
+    assert (limited.shed, limited.shed_by_lag) == (0, 0)
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_listener_that_raises_leaves_the_counters_in_step(anyio_backend: str) -> None:
+    """A listener raising a BaseException on the refusal ends the request, but the
+    refusal was counted in both shed and shed_by_lag first."""
+    app = _middleware(max_loop_lag=BOUND)
+
+    def interrupt(event: rs.Event) -> None:
+        if isinstance(event, rs.CallRejected):
+            raise KeyboardInterrupt
+
+    app.add_listener(interrupt)
+    assert (await call(app, http_scope())).status == 200
+    _hold_loop()
+    with pytest.raises(KeyboardInterrupt):
+        await call(app, http_scope())
+    assert (app.shed, app.shed_by_lag) == (1, 1)
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
