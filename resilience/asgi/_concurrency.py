@@ -394,7 +394,8 @@ class ConcurrencyLimitMiddleware(Observed):
     def statistics(self) -> dict[str, int]:
         """Counters since construction.
 
-        Example: ``middleware.statistics()   # {"shed": 12}`` (see also :attr:`abandoned`)
+        Example: ``middleware.statistics()   # {"shed": 12}`` (see also :attr:`abandoned`
+        and :attr:`shed_by_lag`)
         """
         return {"shed": self.shed}
 
