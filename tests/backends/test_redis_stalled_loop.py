@@ -39,7 +39,7 @@ def test_a_reply_that_arrived_during_a_stalled_loop_is_not_a_timeout(
     """Redis answers within a millisecond, but the loop is busy for 0.15 s past the 50 ms
     timeout: the decision is still Redis's, not a fallback (``asyncio.timeout`` fired
     before the unread reply was delivered: every such decision fell back), on asyncio
-    and on uvloop (which polls the sockets after running due timers)."""
+    and on uvloop."""
     if loop_kind == "uvloop":
         uvloop = pytest.importorskip("uvloop")
         runner = asyncio.Runner(loop_factory=uvloop.new_event_loop)
