@@ -770,13 +770,13 @@ class _Lane:
         0.05 s), the command has ``timeout``."""
         idle = self._idle
         loop = asyncio.get_running_loop()
-        started = loop.time()
-        deadline: float | None = None  # the handshake budget's end, once it is needed
+        # The end of the budget a wait for a connection and its handshake share.
+        handshake_end = loop.time() + self._connect_budget
         if idle:
             conn = idle.pop()
             reused = True
         else:
-            conn, reused, deadline = await self._connection(deadline)
+            conn, reused = await self._connection(handshake_end)
         healthy = False
         try:
             try:
@@ -799,7 +799,7 @@ class _Lane:
                 # The budget counts from the run's start: the failed command took some
                 # of it (at most its timeout), so the run stays within the round-trip
                 # bound (2 x timeout + 0.05 s).
-                conn, _, deadline = await self._connection(started + self._connect_budget)
+                conn, _ = await self._connection(handshake_end)
                 reply = await reply_first.wait_until(
                     self._evalsha(conn, script, call), loop.time() + self._timeout
                 )
@@ -818,14 +818,12 @@ class _Lane:
                 else:
                     await self._lose(conn)
 
-    async def _connection(self, deadline: float | None) -> tuple[Any, bool, float]:
-        """A connection for a caller that found none idle, whether it was used before
-        (handed over by another caller) or opened now (at most :data:`_MAX_OPENING`
-        at once), and the handshake budget's end (``deadline``, if not ``None``),
-        which the wait and the handshake share."""
+    async def _connection(self, deadline: float) -> tuple[Any, bool]:
+        """A connection for a caller that found none idle, and whether it was used
+        before (handed over by another caller) or opened now (at most
+        :data:`_MAX_OPENING` at once); the wait and the handshake end by ``deadline``
+        (loop time)."""
         loop = asyncio.get_running_loop()
-        if deadline is None:
-            deadline = loop.time() + self._connect_budget
         while self._opening >= _MAX_OPENING:
             waiter: asyncio.Future[Any] = loop.create_future()
             self._waiters.append(waiter)
@@ -847,7 +845,7 @@ class _Lane:
             finally:
                 expiry.cancel()
             if conn is not None:
-                return conn, True, deadline
+                return conn, True
         conn = self._make()
         self._opening += 1
         opened = False
@@ -863,7 +861,7 @@ class _Lane:
             self._opening -= 1
             if not opened:
                 await self._lose(conn)
-        return conn, False, deadline
+        return conn, False
 
     async def _lose(self, conn: Any) -> None:
         """Drop a connection that failed (or outlived its lane): a waiter may open the

@@ -211,7 +211,7 @@ async def test_a_connection_handed_to_a_caller_giving_up_after_aclose_is_closed(
     lane = _Lane.for_client(client, 1.0)
     assert lane is not None
     lane._opening = _MAX_OPENING  # four openings under way: the next caller waits
-    waiting = asyncio.ensure_future(lane._connection(None))
+    waiting = asyncio.ensure_future(lane._connection(asyncio.get_running_loop().time() + 1.0))
     await asyncio.sleep(0)
     conn = lane._make()
     await conn.connect()
